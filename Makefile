@@ -1,0 +1,43 @@
+# foretoken: every command sets up what it needs first (a venv with the project installed;
+# the local Kafka broker for test, demo and bench). See README.md.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test unit lint demo bench clean kafka-up kafka-down
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "error: $(PY) (Python >= 3.11) is needed"; exit 1; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# Unit and integration suites; starts a broker when none answers and stops what it started.
+test: setup
+	@ops/with-kafka.sh $(BIN)/pytest -q -p no:cacheprovider tests
+
+unit: setup
+	$(BIN)/pytest -q -m "not integration" tests
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy foretoken streams predictor grading dashboards router fleet ops bench tests
+
+demo: setup
+	$(BIN)/foretoken demo
+
+bench: setup
+	@ops/with-kafka.sh $(BIN)/foretoken bench all
+
+kafka-up: setup
+	$(BIN)/foretoken kafka up
+kafka-down: setup
+	$(BIN)/foretoken kafka down
+
+clean:
+	rm -rf .run .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints machine-readable JSON; figures are recorded in docs/BENCHMARKS.md."""

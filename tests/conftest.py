@@ -1,0 +1,85 @@
+"""Shared fixtures. Integration fixtures start real processes (a Kafka broker, the Faust
+worker) and stop what they started; nothing here is mocked."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from foretoken.settings import Settings, load_settings
+
+WORKER_START_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def kafka_settings() -> Iterator[Settings]:
+    """A reachable broker: $KAFKA_BOOTSTRAP_SERVERS, one already running, or one started here.
+    Topics get a per-session prefix so that runs never see each other's records."""
+    from ops import kafka_local
+    from streams.topics import ensure_topics
+
+    base = load_settings()
+    started = False
+    if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
+        _status, started = kafka_local.up(base)
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    env = {**os.environ, "FORETOKEN_TOPIC_PREFIX": prefix}
+    settings = load_settings(env=env)
+    asyncio.run(ensure_topics(settings))
+    yield settings
+    if started:
+        kafka_local.down(base)
+
+
+@dataclass(frozen=True)
+class RunningWorker:
+    settings: Settings
+    url: str
+    env: dict[str, str]
+    log: Path
+
+
+def worker_env(settings: Settings, tmp: Path, port: int) -> dict[str, str]:
+    return {
+        "FORETOKEN_TOPIC_PREFIX": settings.topic_prefix,
+        "FORETOKEN_APP_ID": f"foretoken-{settings.topic_prefix}{uuid.uuid4().hex[:4]}",
+        "FORETOKEN_WEB_PORT": str(port),
+        "FORETOKEN_WORKER_DATA_DIR": str(tmp / "worker-data"),
+        "FORETOKEN_LOG_LEVEL": "warn",
+        "KAFKA_BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+    }
+
+
+@pytest.fixture(scope="module")
+def faust_worker(
+    kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningWorker]:
+    from ops.procs import foretoken_cmd, spawn, stop, wait_http
+
+    tmp = tmp_path_factory.mktemp("worker")
+    port = free_port()
+    env = worker_env(kafka_settings, tmp, port)
+    log = tmp / "worker.log"
+    proc = spawn(foretoken_cmd("worker"), env, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/healthz", WORKER_START_S, proc)
+    except Exception:
+        stop(proc)
+        print(log.read_text()[-4000:])
+        raise
+    yield RunningWorker(load_settings(env={**os.environ, **env}), url, env, log)
+    stop(proc)

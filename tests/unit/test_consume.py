@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from streams.consume import Dispatcher, reason_kind
+from streams.records import Grant, Record, decode, encode
+
+
+def _grant(i: int) -> bytes:
+    return encode(Grant(request_id=f"r{i}", ts=1.0, model="m", prompt_tokens=i, admitted=False))
+
+
+def test_valid_records_reach_handlers_and_are_counted() -> None:
+    seen: list[Record] = []
+    d = Dispatcher()
+    d.on("grants", seen.append)
+    for i in range(3):
+        out = d.consume("grants", "grants", b"k", _grant(i), 0, i)
+        assert out.dead_letter is None
+    assert [g.request_id for g in seen] == ["r0", "r1", "r2"]  # type: ignore[attr-defined]
+    assert d.counts["grants"] == 3
+
+
+def test_malformed_input_is_dead_lettered_with_reason_and_the_rest_goes_on() -> None:
+    d = Dispatcher()
+    bad = d.consume("grants", "pfx-grants", b"k", b"\x00garbage", 2, 17)
+    assert bad.record is None and bad.dead_letter is not None
+    assert bad.dead_letter.source == "pfx-grants"
+    assert (bad.dead_letter.partition, bad.dead_letter.offset) == (2, 17)
+    assert bad.dead_letter.payload == b"\x00garbage"
+    assert "first byte" in bad.dead_letter.reason
+    good = d.consume("grants", "pfx-grants", b"k", _grant(1))
+    assert good.dead_letter is None
+    assert d.dead["pfx-grants"] == 1 and d.counts["grants"] == 1
+
+
+def test_a_raising_handler_dead_letters_but_does_not_stop_the_dispatcher() -> None:
+    d = Dispatcher()
+
+    def explode(record: Record) -> None:
+        raise RuntimeError("boom")
+
+    d.on("grants", explode)
+    out = d.consume("grants", "grants", None, _grant(1))
+    assert out.dead_letter is not None and "RuntimeError: boom" in out.dead_letter.reason
+    dl = decode(encode(out.dead_letter), type(out.dead_letter))
+    assert dl == out.dead_letter
+
+
+def test_reason_kind_is_low_cardinality() -> None:
+    assert reason_kind("invalid Grant: Expected `str`, got `int` - at `$.x`") == "invalid Grant"

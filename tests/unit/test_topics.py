@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from foretoken.settings import load_settings
+from streams.topics import topic_specs
+
+
+def test_every_topic_is_declared_once_with_its_policy() -> None:
+    s = load_settings(env={"FORETOKEN_TOPIC_PREFIX": "t-", "FORETOKEN_PARTITIONS": "3"})
+    specs = {spec.logical: spec for spec in topic_specs(s)}
+    assert set(specs) == {"workers", "kv_events", "grants", "outcomes", "graded", "dead_letter"}
+    assert specs["workers"].compacted and specs["workers"].config(1)["cleanup.policy"] == "compact"
+    assert not specs["grants"].compacted
+    assert specs["grants"].config(1000) == {"cleanup.policy": "delete", "retention.ms": "1000"}
+    assert all(spec.partitions == 3 for spec in specs.values())
+    assert specs["kv_events"].name == "t-kv-events"
