@@ -15,6 +15,10 @@ kafka_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker (KRaf
 topics_app = typer.Typer(no_args_is_help=True, help="The foretoken topics.")
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON on stdout).")
+app.add_typer(bench_app, name="bench")
+fleet_app = typer.Typer(no_args_is_help=True, help="The fleet simulator.")
+app.add_typer(fleet_app, name="fleet")
 
 console = Console(stderr=True)
 ConfigOpt = typer.Option(None, "--config", "-c", help="Settings TOML (else $FORETOKEN_CONFIG).")
@@ -83,6 +87,101 @@ def worker(config: str | None = ConfigOpt) -> None:
     settings = _settings(config)
     sys.argv = [sys.argv[0]]  # Faust's worker reads argv; ours is already parsed
     run_worker(settings)
+
+
+@app.command()
+def ingest(
+    engines: str = typer.Option(..., "--engines", "-e", help="Engines config file (TOML)."),
+    metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this port (0: off)."),
+    config: str | None = ConfigOpt,
+) -> None:
+    """Engines' ZMQ KV events → normalized batches on kv-events; engines → workers."""
+    from streams.engines import EnginesConfigError, load_engines
+    from streams.ingest import run_ingest
+
+    settings = _settings(config)
+    try:
+        listed = load_engines(engines)
+    except EnginesConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    run_ingest(settings, listed, metrics_port or None)
+
+
+@fleet_app.command("run")
+def fleet_run(
+    fleet: str = typer.Argument(..., help="Fleet file, or a shipped fleet: small, hetero, demo."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    base_port: int = typer.Option(8100, help="HTTP port of the first engine (0: free ports)."),
+    kv_base_port: int = typer.Option(5557, help="First KV-event PUB port (0: free ports)."),
+    time_scale: float = typer.Option(1.0, help="Wall seconds per simulated second."),
+    engines_out: str = typer.Option(".run/engines.toml", help="Write the engines file here."),
+    register: bool = typer.Option(True, help="Register the engines on the workers topic."),
+    advertise_host: str | None = typer.Option(None, help="Host name others reach us by."),
+    config: str | None = ConfigOpt,
+) -> None:
+    """Run every engine of a fleet file: OpenAI HTTP, vLLM-format KV events over ZMQ."""
+    import logging
+    from pathlib import Path
+
+    from fleet.server import run_fleet
+    from fleet.spec import FleetSpecError, load_fleet
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    try:
+        spec = load_fleet(fleet)
+    except FleetSpecError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    settings = _settings(config) if register else None
+    asyncio.run(
+        run_fleet(spec, host=host, base_port=base_port, kv_base_port=kv_base_port,
+                  time_scale=time_scale, engines_out=Path(engines_out), settings=settings,
+                  advertise_host=advertise_host)
+    )  # fmt: skip
+
+
+@app.command()
+def router(
+    engines: str = typer.Option(".run/engines.toml", "--engines", "-e", help="Engines file."),
+    host: str | None = typer.Option(None, help="Listen address (default: settings)."),
+    port: int | None = typer.Option(None, help="Listen port (default: settings)."),
+    config: str | None = ConfigOpt,
+) -> None:
+    """The OpenAI-compatible router: route, admit or 429, publish grants and outcomes."""
+    from router.app import run_router
+    from streams.engines import EnginesConfigError, load_engines
+
+    settings = _settings(config)
+    try:
+        listed = load_engines(engines)
+    except EnginesConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    run_router(settings, listed, host or settings.router.host, port or settings.router.port)
+
+
+def _bench(names: list[str], quick: bool) -> None:
+    import json
+
+    from bench.run import run
+
+    for report in run(names, quick):
+        print(json.dumps(report))
+
+
+@bench_app.command("all")
+def bench_all(quick: bool = typer.Option(False, help="Small sizes, for a smoke run.")) -> None:
+    """Every benchmark, one JSON object per line."""
+    from bench.run import BENCHMARKS
+
+    _bench(list(BENCHMARKS), quick)
+
+
+@bench_app.command("index")
+def bench_index(quick: bool = typer.Option(False, help="Small sizes, for a smoke run.")) -> None:
+    """Cache index: ingest rate, lookup latency, bytes per entry, against a naive baseline."""
+    _bench(["index"], quick)
 
 
 @app.command()

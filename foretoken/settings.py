@@ -53,6 +53,30 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     web_port: int = 6066
     data_dir: str = ".run/worker"
     log_level: Literal["crit", "error", "warn", "info", "debug"] = "warn"
+    # The cache index is snapshotted this often (plus on a clean stop).
+    snapshot_interval_s: float = 10.0
+    # Kafka consumer-group session: how long a killed worker's partitions stay assigned.
+    session_timeout_s: float = 10.0
+    heartbeat_interval_s: float = 3.0
+
+
+class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # The route service (on the Faust worker); empty = the worker's own web address.
+    route_url: str = ""
+    # Past this the router decides alone (fallback policy) and marks the grant `fallback`.
+    route_timeout_s: float = 0.25
+    engine_timeout_s: float = 600.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    min_queue_wait_s: float = 5.0
+    max_queue_wait_s: float = 300.0
+    default_workload_class: str = "default"
+    # Grants/outcomes waiting for Kafka; past this, new ones are dropped and counted.
+    publish_buffer: int = 100_000
+    # Fallback policy: answer 429 when every worker has this many prompt tokens outstanding.
+    fallback_overload_tokens: int = 2_000_000
+    fallback_retry_after_s: float = 1.0
 
 
 class Settings(msgspec.Struct, kw_only=True, frozen=True):
@@ -61,9 +85,12 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     topic_prefix: str = ""
     layout: TopicLayout = TopicLayout()
     worker: WorkerSettings = WorkerSettings()
+    router: RouterSettings = RouterSettings()
     wire_format: Literal["json", "msgpack"] = "json"
     state_dir: str = "~/.local/state/foretoken"
     cache_dir: str = "~/.cache/foretoken"
+    # Where the shipped traces live (empty: ../shared/traces beside the project).
+    traces_dir: str = ""
 
     def topic(self, name: str) -> str:
         """The full topic name for a logical topic (``kv_events`` → ``<prefix>kv-events``)."""
@@ -72,6 +99,13 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     def all_topics(self) -> dict[str, str]:
         """Logical name → full topic name, for every topic of PRODUCT.md §2."""
         return {field: self.topic(field) for field in self.topics.__struct_fields__}
+
+    @property
+    def route_url(self) -> str:
+        if self.router.route_url:
+            return self.router.route_url.rstrip("/")
+        host = self.worker.web_host if self.worker.web_host != "0.0.0.0" else "127.0.0.1"
+        return f"http://{host}:{self.worker.web_port}"
 
     @property
     def state_path(self) -> Path:
@@ -94,9 +128,15 @@ ENV_VARS: dict[str, str] = {
     "FORETOKEN_WEB_PORT": "worker.web_port",
     "FORETOKEN_WORKER_DATA_DIR": "worker.data_dir",
     "FORETOKEN_LOG_LEVEL": "worker.log_level",
+    "FORETOKEN_SNAPSHOT_INTERVAL_S": "worker.snapshot_interval_s",
     "FORETOKEN_WIRE_FORMAT": "wire_format",
+    "FORETOKEN_ROUTER_HOST": "router.host",
+    "FORETOKEN_ROUTER_PORT": "router.port",
+    "FORETOKEN_ROUTE_URL": "router.route_url",
+    "FORETOKEN_ROUTE_TIMEOUT_S": "router.route_timeout_s",
     "FORETOKEN_STATE_DIR": "state_dir",
     "FORETOKEN_CACHE_DIR": "cache_dir",
+    "FORETOKEN_TRACES_DIR": "traces_dir",
 }
 
 

@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from streams.records import RECORD_TYPES, DeadLetter, DecodeError, Record, decode
 
-Handler = Callable[[Record], None]
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a record came from; handlers that keep state dedupe re-deliveries by it."""
+
+    partition: int | None = None
+    offset: int | None = None
+
+
+# A handler may return records to produce, as (logical topic, record) pairs.
+Emitted = Iterable[tuple[str, Record]] | None
+Handler = Callable[[Record, Position], Emitted]
 INPUT_TOPICS = ("workers", "kv_events", "grants", "outcomes", "graded")
 REASON_KIND_LEN = 48
 
@@ -24,6 +35,7 @@ REASON_KIND_LEN = 48
 class Consumed:
     record: Record | None
     dead_letter: DeadLetter | None
+    emit: list[tuple[str, Record]] = field(default_factory=list)
 
 
 def reason_kind(reason: str) -> str:
@@ -58,16 +70,17 @@ class Dispatcher:
             return Consumed(
                 None, self._dead(source_topic, exc.reason, key, value, partition, offset)
             )
+        position = Position(partition, offset)
+        emit: list[tuple[str, Record]] = []
         for handler in self.handlers.get(logical, ()):
             try:
-                handler(record)
+                emit.extend(handler(record, position) or ())
             except Exception as exc:  # a broken handler must not stop the agent
                 reason = f"handler error: {type(exc).__name__}: {exc}"
-                return Consumed(
-                    record, self._dead(source_topic, reason, key, value, partition, offset)
-                )
+                dead = self._dead(source_topic, reason, key, value, partition, offset)
+                return Consumed(record, dead, emit)
         self.counts[logical] += 1
-        return Consumed(record, None)
+        return Consumed(record, None, emit)
 
     def _dead(
         self,

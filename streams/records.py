@@ -296,6 +296,38 @@ class Graded(Record, kw_only=True, frozen=True):
     approximate_cache: bool = False
 
 
+# --------------------------------------------------------------------------- route service
+
+
+class RouteRequest(Record, kw_only=True, frozen=True):
+    """``POST /v1/route`` on the worker: one request to place (PRODUCT.md §3)."""
+
+    request_id: RequestId
+    model: ModelName
+    token_ids: tuple[int, ...] = ()
+    prompt_tokens: int = 0
+    max_queue_wait_s: float | None = None
+    already_waited_s: float = 0.0
+    workload_class: str = "default"
+    prefer_cache_hit: bool = False
+    conversation_id: str | None = None
+    expected_output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_finite("max_queue_wait_s", self.max_queue_wait_s)
+        _check_finite("already_waited_s", self.already_waited_s)
+        if not self.token_ids and self.prompt_tokens <= 0:
+            raise ValueError("a route request carries token_ids or prompt_tokens")
+
+
+class RouteResponse(Record, kw_only=True, frozen=True):
+    """The decision (as the grant to publish) and where to send the request."""
+
+    grant: Grant
+    http_url: str | None = None
+
+
 # --------------------------------------------------------------------------- dead-letter
 
 

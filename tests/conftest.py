@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,23 +26,30 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def kafka_settings() -> Iterator[Settings]:
-    """A reachable broker: $KAFKA_BOOTSTRAP_SERVERS, one already running, or one started here.
-    Topics get a per-session prefix so that runs never see each other's records."""
+def kafka_broker() -> Iterator[Settings]:
+    """A reachable broker: $KAFKA_BOOTSTRAP_SERVERS, one already running, or one started
+    here (and stopped at the end of the session)."""
     from ops import kafka_local
-    from streams.topics import ensure_topics
 
     base = load_settings()
     started = False
     if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
         _status, started = kafka_local.up(base)
-    prefix = f"t{uuid.uuid4().hex[:8]}-"
-    env = {**os.environ, "FORETOKEN_TOPIC_PREFIX": prefix}
-    settings = load_settings(env=env)
-    asyncio.run(ensure_topics(settings))
-    yield settings
+    yield base
     if started:
         kafka_local.down(base)
+
+
+@pytest.fixture(scope="module")
+def kafka_settings(kafka_broker: Settings) -> Settings:
+    """Settings with topics of this test module's own (a fresh prefix), so that modules and
+    runs never see each other's records."""
+    from streams.topics import ensure_topics
+
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    settings = load_settings(env={**os.environ, "FORETOKEN_TOPIC_PREFIX": prefix})
+    asyncio.run(ensure_topics(settings))
+    return settings
 
 
 @dataclass(frozen=True)
@@ -52,10 +60,12 @@ class RunningWorker:
     log: Path
 
 
-def worker_env(settings: Settings, tmp: Path, port: int) -> dict[str, str]:
+def worker_env(
+    settings: Settings, tmp: Path, port: int, app_id: str | None = None
+) -> dict[str, str]:
     return {
         "FORETOKEN_TOPIC_PREFIX": settings.topic_prefix,
-        "FORETOKEN_APP_ID": f"foretoken-{settings.topic_prefix}{uuid.uuid4().hex[:4]}",
+        "FORETOKEN_APP_ID": app_id or f"foretoken-{settings.topic_prefix}{uuid.uuid4().hex[:4]}",
         "FORETOKEN_WEB_PORT": str(port),
         "FORETOKEN_WORKER_DATA_DIR": str(tmp / "worker-data"),
         "FORETOKEN_LOG_LEVEL": "warn",
@@ -63,16 +73,15 @@ def worker_env(settings: Settings, tmp: Path, port: int) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def faust_worker(
-    kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningWorker]:
+def launch_worker(
+    settings: Settings, tmp: Path, app_id: str | None = None, **extra_env: str
+) -> tuple[subprocess.Popen[bytes], RunningWorker]:
+    """Start `foretoken worker` as a real process and wait for its /healthz."""
     from ops.procs import foretoken_cmd, spawn, stop, wait_http
 
-    tmp = tmp_path_factory.mktemp("worker")
     port = free_port()
-    env = worker_env(kafka_settings, tmp, port)
-    log = tmp / "worker.log"
+    env = {**worker_env(settings, tmp, port, app_id), **extra_env}
+    log = tmp / f"worker-{port}.log"
     proc = spawn(foretoken_cmd("worker"), env, log)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -81,5 +90,15 @@ def faust_worker(
         stop(proc)
         print(log.read_text()[-4000:])
         raise
-    yield RunningWorker(load_settings(env={**os.environ, **env}), url, env, log)
+    return proc, RunningWorker(load_settings(env={**os.environ, **env}), url, env, log)
+
+
+@pytest.fixture(scope="module")
+def faust_worker(
+    kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningWorker]:
+    from ops.procs import stop
+
+    proc, worker = launch_worker(kafka_settings, tmp_path_factory.mktemp("worker"))
+    yield worker
     stop(proc)

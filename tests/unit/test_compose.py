@@ -13,8 +13,8 @@ from foretoken.settings import ENV_VARS
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = {"kafka", "worker", "router", "fleet", "dashboard"}
-# Services whose subcommand a later issue adds (fleet: #4, router: #5, dashboard: #7).
-PENDING = {"fleet", "router", "dashboard"}
+# Services whose subcommand a later issue adds (dashboard: #7).
+PENDING = {"dashboard"}
 
 
 def _compose() -> dict:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from streams.consume import Dispatcher, reason_kind
+from streams.consume import Dispatcher, Position, reason_kind
 from streams.records import Grant, Record, decode, encode
 
 
@@ -9,13 +9,14 @@ def _grant(i: int) -> bytes:
 
 
 def test_valid_records_reach_handlers_and_are_counted() -> None:
-    seen: list[Record] = []
+    seen: list[tuple[Record, Position]] = []
     d = Dispatcher()
-    d.on("grants", seen.append)
+    d.on("grants", lambda record, pos: seen.append((record, pos)))
     for i in range(3):
-        out = d.consume("grants", "grants", b"k", _grant(i), 0, i)
+        out = d.consume("grants", "grants", b"k", _grant(i), 0, 10 + i)
         assert out.dead_letter is None
-    assert [g.request_id for g in seen] == ["r0", "r1", "r2"]  # type: ignore[attr-defined]
+    assert [g.request_id for g, _ in seen] == ["r0", "r1", "r2"]  # type: ignore[attr-defined]
+    assert [pos.offset for _, pos in seen] == [10, 11, 12]
     assert d.counts["grants"] == 3
 
 
@@ -35,7 +36,7 @@ def test_malformed_input_is_dead_lettered_with_reason_and_the_rest_goes_on() -> 
 def test_a_raising_handler_dead_letters_but_does_not_stop_the_dispatcher() -> None:
     d = Dispatcher()
 
-    def explode(record: Record) -> None:
+    def explode(record: Record, pos: Position) -> None:
         raise RuntimeError("boom")
 
     d.on("grants", explode)

@@ -1,0 +1,321 @@
+"""The predictor (pure): for every worker that could serve a request, predicted TTFT = queue
+wait + own prefill, and the routing and admission decision built on it (PRODUCT.md §1, §3).
+
+It composes the cache index (what is cached where), the per-worker fits (how fast each
+worker prefills, learned online from graded cold samples) and the per-worker queue models
+(what is ahead, replayed through the engine's step scheduler with the settings the worker
+reported). It learns only from what the real pipeline observes — registrations, KV events,
+grants, outcomes and graded records — never from a simulator's truth.
+
+Decision policy (``route``):
+
+* candidates: every registered worker of the model; each gets a full prediction;
+* choice: the lowest predicted TTFT; a conversation stays on its previous worker while that
+  costs at most ``stickiness_margin_s`` more than the best alternative (its history is
+  cached there: moving means a cold prefill elsewhere); a client that prefers cache hits gets
+  the worker with the most cached tokens among those that meet its bound;
+* admission: with a bound B (``max_queue_wait_s``), admitted iff already waited + predicted
+  TTFT ≤ B; without a bound, rejected only when even the best worker's predicted queue wait
+  exceeds ``overload_wait_s`` (severe overload);
+* Retry-After: when the best worker's queue will have drained enough for the request to fit
+  its bound (the excess of the predicted wait over what the bound leaves), clamped;
+* explore: a configured fraction of would-be rejections is admitted anyway and flagged, so
+  that false alarms can be measured directly;
+* the decision is applied to the chosen worker's queue at once (concurrent requests do not
+  herd onto one idle worker) and remembered by request id (a repeated call gets the same
+  decision; the grant arriving later on ``grants`` does not count twice).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from foretoken.ids import ModelName, RequestId, WorkerId
+from predictor.fit import FitRegistry, select_cold_sample, time_per_output_token_s
+from predictor.index import PrefixIndex
+from predictor.queue import WorkerQueue
+from predictor.replay import CurveStepCost, NewRequest
+from streams.records import (
+    CandidatePrediction,
+    Graded,
+    Grant,
+    Outcome,
+    RouteRequest,
+    RouteResponse,
+    Tier,
+    WorkerRegistration,
+)
+
+LOWER_TIERS: tuple[Tier, ...] = ("CPU", "DISK", "SHARED")
+
+
+@dataclass(frozen=True, slots=True)
+class PredictorConfig:
+    explore_fraction: float = 0.02
+    overload_wait_s: float = 120.0
+    stickiness_margin_s: float = 0.5
+    min_retry_after_s: float = 0.5
+    max_retry_after_s: float = 120.0
+    default_output_tokens: int = 128
+    outstanding_max_age_s: float = 900.0
+    decision_memory: int = 100_000
+    conversation_memory: int = 100_000
+    # Seconds per token to bring an offloaded block back (not learned yet: configured).
+    tier_load_s_per_token: dict[str, float] = field(
+        default_factory=lambda: {"CPU": 2e-6, "DISK": 1e-5, "SHARED": 5e-6}
+    )
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    prediction: CandidatePrediction
+    cached_tokens: int
+
+
+class Predictor:
+    def __init__(
+        self,
+        index: PrefixIndex,
+        fits: FitRegistry | None = None,
+        config: PredictorConfig | None = None,
+    ) -> None:
+        self.index = index
+        self.fits = fits or FitRegistry()
+        self.config = config or PredictorConfig()
+        self.workers: dict[WorkerId, WorkerRegistration] = {}
+        self.queues: dict[WorkerId, WorkerQueue] = {}
+        self.decisions: OrderedDict[RequestId, RouteResponse] = OrderedDict()
+        self.conversations: OrderedDict[str, WorkerId] = OrderedDict()
+        self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
+        self.rng = random.Random(self.config.seed)
+
+    # ------------------------------------------------------------------ observations
+
+    def on_registration(self, reg: WorkerRegistration) -> None:
+        self.fits.apply_registration(reg)
+        if reg.removed:
+            self.workers.pop(reg.worker_id, None)
+            self.queues.pop(reg.worker_id, None)
+            return
+        self.workers[reg.worker_id] = reg
+        queue = self.queues.get(reg.worker_id)
+        if queue is None:
+            self.queues[reg.worker_id] = WorkerQueue(reg.scheduler)
+        elif queue.settings != reg.scheduler:
+            queue.set_settings(reg.scheduler)
+
+    def on_grant(self, grant: Grant, now_s: float) -> None:
+        """A decision made elsewhere (another replica, the router's fallback) or our own,
+        arriving on ``grants``: put it in the queue model unless it is there already."""
+        if grant.admitted and grant.worker_id is not None:
+            expected = self.config.default_output_tokens
+            self._enqueue(grant.worker_id, grant.request_id, grant.ts, grant.prompt_tokens,
+                          grant.cached_tokens, expected)  # fmt: skip
+
+    def on_outcome(self, outcome: Outcome, now_s: float) -> None:
+        queue = self.queues.get(outcome.worker_id)
+        if queue is None:
+            return
+        # The router's clock says when things happened; our consumption lags behind it.
+        if outcome.kind == "first_token" and outcome.status == "ok":
+            queue.first_token(outcome.request_id, outcome.ts)
+            return
+        queue.finished(outcome.request_id, outcome.ts)
+        tpot = None
+        if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
+            tpot = time_per_output_token_s(
+                outcome.e2e_s, outcome.actual_ttft_s, outcome.output_tokens or 0
+            )
+        reg = self.workers.get(outcome.worker_id)
+        if tpot is not None and reg is not None:
+            running = max(1.0, float(queue.running_count) + 1.0)
+            self.fits.observe_decode(outcome.worker_id, reg.config_hash, tpot, running, now_s)
+
+    def on_graded(self, graded: Graded, now_s: float) -> bool:
+        """Feed the fit with a cold sample; True if this record was one."""
+        wid = graded.worker_id
+        alone = self.alone.pop(graded.request_id, False)
+        if wid is None or wid not in self.workers:
+            return False
+        reg = self.workers[wid]
+        # The router turns an omitted cached-token field into 0 for engines that report it,
+        # so "unknown" here really is unknown: such requests are not cold samples.
+        if not select_cold_sample(graded, others_running=not alone):
+            return False
+        assert graded.actual_ttft_s is not None
+        self.fits.observe_cold(wid, reg.config_hash, graded.prompt_tokens,
+                               graded.actual_ttft_s, now_s)  # fmt: skip
+        return True
+
+    def maintain(self, now_s: float) -> None:
+        for queue in self.queues.values():
+            for rid in queue.expire(now_s, self.config.outstanding_max_age_s):
+                self.alone.pop(rid, None)
+
+    # ------------------------------------------------------------------ predictions
+
+    def cost_of(self, worker: WorkerId) -> CurveStepCost:
+        curve = self.fits.curve(worker)
+        step = self.fits.step_cost(worker)
+        return CurveStepCost(curve.cost_s, step.overhead_s, step.per_seq_s)
+
+    def predict(
+        self, model: ModelName, token_ids: tuple[int, ...] | list[int], now_s: float,
+        prompt_tokens: int | None = None,
+    ) -> list[Candidate]:  # fmt: skip
+        n = len(token_ids) if token_ids else (prompt_tokens or 0)
+        hits = self.index.lookup(model, list(token_ids)) if token_ids else {}
+        out: list[Candidate] = []
+        for wid, reg in self.workers.items():
+            if reg.model != model:
+                continue
+            hit = hits.get(wid)
+            cached = min(hit.tokens, n) if hit is not None else 0
+            tiers = hit.by_tier() if hit is not None else {}
+            load_s = sum(self.config.tier_load_s_per_token.get(t, 0.0) * tiers.get(t, 0)
+                         for t in LOWER_TIERS)  # fmt: skip
+            deepest = next((t for t in ("SHARED", "DISK", "CPU", "GPU") if tiers.get(t)), None)
+            cost = self.cost_of(wid)
+            result = self.queues[wid].predict(NewRequest(n, cached), now_s, cost)
+            curve = self.fits.curve(wid)
+            prefill = curve.own_prefill_s(n, cached) + load_s
+            ttft = max(result.ttft_s + load_s, prefill)
+            out.append(Candidate(CandidatePrediction(
+                worker_id=wid, predicted_ttft_s=ttft, queue_wait_s=max(0.0, ttft - prefill),
+                prefill_s=prefill, cached_tokens=cached, cached_tier=deepest,  # type: ignore[arg-type]
+                queue_tokens_ahead=result.queue_tokens_ahead,
+                approximate_cache=bool(hit is not None and hit.approximate),
+            ), cached))  # fmt: skip
+        return out
+
+    # ------------------------------------------------------------------ decisions
+
+    def route(self, req: RouteRequest, now_s: float, ts: float) -> RouteResponse:
+        known = self.decisions.get(req.request_id)
+        if known is not None:
+            return known
+        candidates = self.predict(req.model, req.token_ids, now_s, req.prompt_tokens)
+        n = len(req.token_ids) or req.prompt_tokens
+        if not candidates:
+            grant = self._grant(req, ts, n, None, admitted=False, reason="no_worker_for_model",
+                                retry_after_s=self.config.max_retry_after_s)  # fmt: skip
+            return self._remember(req.request_id, RouteResponse(grant=grant))
+        best = self._choose(req, candidates)
+        admitted, reason = self._admit(req, best)
+        explore = False
+        retry_after = None
+        if not admitted:
+            retry_after = self._retry_after(req, best)
+            if self.rng.random() < self.config.explore_fraction:
+                admitted, explore = True, True
+        grant = self._grant(
+            req, ts, n, best, admitted=admitted, reason=None if admitted else reason,
+            retry_after_s=retry_after, explore=explore,
+            candidates=tuple(c.prediction for c in candidates),
+        )  # fmt: skip
+        url = None
+        if admitted:
+            wid = best.prediction.worker_id
+            expected = req.expected_output_tokens or self.config.default_output_tokens
+            self._enqueue(wid, req.request_id, now_s, n, best.cached_tokens, expected)
+            if req.conversation_id:
+                self.conversations[req.conversation_id] = wid
+                self.conversations.move_to_end(req.conversation_id)
+                if len(self.conversations) > self.config.conversation_memory:
+                    self.conversations.popitem(last=False)
+            url = self.workers[wid].endpoints.http_url
+        return self._remember(req.request_id, RouteResponse(grant=grant, http_url=url))
+
+    def _choose(self, req: RouteRequest, candidates: list[Candidate]) -> Candidate:
+        def key(c: Candidate) -> tuple[float, int]:
+            return (c.prediction.predicted_ttft_s, c.prediction.queue_tokens_ahead)
+
+        best = min(candidates, key=key)
+        learner = self._learner(req, candidates)
+        if learner is not None:
+            return learner
+        if req.prefer_cache_hit:
+            fits = [c for c in candidates if self._meets(req, c)] or [best]
+            return max(fits, key=lambda c: (c.cached_tokens, -key(c)[0]))
+        sticky = self.conversations.get(req.conversation_id) if req.conversation_id else None
+        if sticky is not None:
+            mine = next((c for c in candidates if c.prediction.worker_id == sticky), None)
+            margin = self.config.stickiness_margin_s
+            if mine is not None and mine.prediction.predicted_ttft_s <= key(best)[0] + margin:
+                return mine
+        return best
+
+    def _learner(self, req: RouteRequest, candidates: list[Candidate]) -> Candidate | None:
+        """An idle worker still on the default curve takes a request that is cold everywhere:
+        the default is deliberately pessimistic, so without this such a worker would never
+        be chosen and never learn its curve (its first samples are cheap: it is idle)."""
+        if any(c.cached_tokens for c in candidates):
+            return None
+        for c in candidates:
+            wid = c.prediction.worker_id
+            idle = self.queues[wid].outstanding_count == 0
+            if self.fits.curve(wid).default and idle and self._meets(req, c):
+                return c
+        return None
+
+    def _meets(self, req: RouteRequest, c: Candidate) -> bool:
+        if req.max_queue_wait_s is None:
+            return True
+        return req.already_waited_s + c.prediction.predicted_ttft_s <= req.max_queue_wait_s
+
+    def _admit(self, req: RouteRequest, best: Candidate) -> tuple[bool, str]:
+        if req.max_queue_wait_s is not None:
+            return self._meets(req, best), "predicted_ttft_exceeds_bound"
+        return best.prediction.queue_wait_s <= self.config.overload_wait_s, "overloaded"
+
+    def _retry_after(self, req: RouteRequest, best: Candidate) -> float:
+        p = best.prediction
+        if req.max_queue_wait_s is not None:
+            excess = req.already_waited_s + p.predicted_ttft_s - req.max_queue_wait_s
+        else:
+            excess = p.queue_wait_s - self.config.overload_wait_s
+        wait = min(excess, p.queue_wait_s) if p.queue_wait_s > 0 else excess
+        return min(max(wait, self.config.min_retry_after_s), self.config.max_retry_after_s)
+
+    def _enqueue(self, wid: WorkerId, rid: RequestId, sent_s: float, n: int, cached: int,
+                 expected: int) -> None:  # fmt: skip
+        queue = self.queues.get(wid)
+        if queue is None:
+            return
+        was_idle = queue.outstanding_count == 0
+        if queue.add(rid, sent_s, n, cached, expected):
+            for other in queue.outstanding():
+                if other.request_id != rid and other.first_token_s is None:
+                    self.alone[other.request_id] = False
+            self.alone[rid] = was_idle
+
+    def _remember(self, rid: RequestId, resp: RouteResponse) -> RouteResponse:
+        self.decisions[rid] = resp
+        if len(self.decisions) > self.config.decision_memory:
+            self.decisions.popitem(last=False)
+        return resp
+
+    def _grant(
+        self, req: RouteRequest, ts: float, n: int, best: Candidate | None, *, admitted: bool,
+        reason: str | None, retry_after_s: float | None, explore: bool = False,
+        candidates: tuple[CandidatePrediction, ...] = (),
+    ) -> Grant:  # fmt: skip
+        p = best.prediction if best is not None else None
+        fit = self.fits.curve(p.worker_id).to_fit_used() if p is not None else None
+        return Grant(
+            request_id=req.request_id, ts=ts, model=req.model,
+            workload_class=req.workload_class, prompt_tokens=n,
+            worker_id=p.worker_id if p is not None and admitted else None,
+            admitted=admitted, reject_reason=reason,
+            retry_after_s=None if retry_after_s is None else round(retry_after_s, 3),
+            predicted_ttft_s=p.predicted_ttft_s if p else None,
+            queue_wait_s=p.queue_wait_s if p else None, prefill_s=p.prefill_s if p else None,
+            cached_tokens=p.cached_tokens if p else 0, cached_tier=p.cached_tier if p else None,
+            approximate_cache=p.approximate_cache if p else False,
+            queue_tokens_ahead=p.queue_tokens_ahead if p else 0, fit=fit,
+            max_queue_wait_s=req.max_queue_wait_s, already_waited_s=req.already_waited_s,
+            explore=explore, conversation_id=req.conversation_id, candidates=candidates,
+        )  # fmt: skip

@@ -1,0 +1,605 @@
+"""Contract tests of the KV-cache index (predictor/index.py), by hand and against a model.
+
+The model (``ModelFleet``) is the brute-force reading of the spec: per worker a dict
+engine hash → prefix (the tuple of all tokens from the start of the chain) and a dict
+(prefix, tier) → physical copies, walked per worker at lookup. It never hashes anything,
+so it checks the index's own content hash as well as its bookkeeping.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import HealthCheck, given, settings
+
+from foretoken.ids import EngineBlockHash, ModelName, WorkerId
+from predictor.index import TIERS, CacheHit, PrefixIndex
+from streams.records import (
+    AllCleared,
+    BlockRemoved,
+    BlockStored,
+    IndexReset,
+    KvEvent,
+    KvEventBatch,
+    Tier,
+)
+
+M = ModelName("m")
+BS = 2
+
+
+def batch(worker: str, *events: KvEvent, seq: int = 0, model: str = M) -> KvEventBatch:
+    return KvEventBatch(
+        worker_id=WorkerId(worker), model=ModelName(model), seq=seq, ts=0.0, events=events
+    )
+
+
+def stored(
+    hashes: Sequence[int],
+    tokens: Sequence[int],
+    *,
+    parent: int | None = None,
+    medium: Tier = "GPU",
+    block_size: int = BS,
+    **extra: object,
+) -> BlockStored:
+    return BlockStored(
+        block_hashes=tuple(EngineBlockHash(h) for h in hashes),
+        parent_block_hash=None if parent is None else EngineBlockHash(parent),
+        token_ids=tuple(tokens),
+        block_size=block_size,
+        medium=medium,
+        **extra,
+    )
+
+
+def removed(hashes: Sequence[int], medium: Tier = "GPU", group_idx: int = 0) -> BlockRemoved:
+    return BlockRemoved(
+        block_hashes=tuple(EngineBlockHash(h) for h in hashes), medium=medium, group_idx=group_idx
+    )
+
+
+def toks(blocks: int, start: int = 100, size: int = BS) -> list[int]:
+    return list(range(start, start + blocks * size))
+
+
+def tokens_of(hit: CacheHit) -> dict[str, int]:
+    return {tier: n for tier, n in hit.by_tier().items() if n}
+
+
+def fresh(*workers: str, block_size: int = BS, **flags: object) -> PrefixIndex:
+    index = PrefixIndex()
+    for worker in workers:
+        index.register_worker(WorkerId(worker), M, block_size, **flags)
+    return index
+
+
+# --------------------------------------------------------------------------- by hand
+
+
+def test_each_worker_gets_its_longest_prefix_in_one_lookup() -> None:
+    index = fresh("a", "b", "c")
+    prompt = toks(4)
+    index.apply(batch("a", stored([1, 2, 3, 4], prompt)), 0.0)
+    index.apply(batch("b", stored([5], prompt[:2]), stored([6], prompt[2:4], parent=5)), 0.0)
+    hits = index.lookup(M, [*prompt, 7])  # a trailing partial block is never credited
+    assert {w: h.tokens for w, h in hits.items()} == {"a": 8, "b": 4, "c": 0}
+    assert tokens_of(hits[WorkerId("a")]) == {"GPU": 8}
+
+
+def test_a_chain_split_across_events_hashes_like_one_event() -> None:
+    index = fresh("a", "b")
+    prompt = toks(3)
+    index.apply(batch("a", stored([1, 2, 3], prompt)), 0.0)
+    index.apply(batch("b", stored([9], prompt[:2])), 0.0)
+    index.apply(batch("b", stored([8], prompt[2:4], parent=9)), 0.0)
+    index.apply(batch("b", stored([7], prompt[4:6], parent=8)), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("b")].tokens == 6
+    own = index.hash_prompt(M, BS, prompt)
+    assert own.dtype == np.uint64 and len(own) == 3
+    assert index.lookup(M, own_hashes={BS: own}) == index.lookup(M, prompt)
+
+
+def test_eviction_ends_the_prefix_at_the_evicted_block() -> None:
+    index = fresh("a")
+    prompt = toks(4)
+    index.apply(batch("a", stored([1, 2, 3, 4], prompt)), 0.0)
+    stats = index.apply(batch("a", removed([3])), 0.0)
+    assert stats.removed_blocks == 1
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 4
+    assert index.stats()["workers"]["a"]["blocks"]["GPU"] == 3  # type: ignore[index]
+
+
+def test_a_duplicate_copy_needs_two_removals() -> None:
+    index = fresh("a")
+    prompt = toks(1)
+    index.apply(batch("a", stored([1], prompt), stored([1], prompt)), 0.0)
+    index.apply(batch("a", removed([1])), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 2
+    index.apply(batch("a", removed([1])), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+    assert index.totals.duplicate_stores == 1
+    third = index.apply(batch("a", removed([1])), 0.0)
+    assert third.unknown_removals == 1
+
+
+def test_clear_all_per_medium_then_all() -> None:
+    index = fresh("a", "b")
+    prompt = toks(2)
+    index.apply(
+        batch("a", stored([1], prompt[:2]), stored([2], prompt[2:], parent=1, medium="CPU")), 0.0
+    )
+    index.apply(batch("b", stored([1, 2], prompt)), 0.0)
+    index.apply(batch("a", AllCleared(medium="CPU")), 0.0)
+    hits = index.lookup(M, prompt)
+    assert hits[WorkerId("a")].tokens == 2 and hits[WorkerId("b")].tokens == 4
+    index.apply(batch("a", AllCleared()), 0.0)
+    hits = index.lookup(M, prompt)
+    assert hits[WorkerId("a")].tokens == 0 and hits[WorkerId("b")].tokens == 4
+
+
+def test_a_store_without_tokens_moves_the_block_to_another_tier() -> None:
+    index = fresh("a")
+    prompt = toks(2)
+    index.apply(batch("a", stored([1, 2], prompt)), 0.0)
+    empty = BlockStored(
+        block_hashes=(EngineBlockHash(1), EngineBlockHash(2)), block_size=BS, medium="CPU"
+    )
+    index.apply(batch("a", empty), 0.0)
+    assert tokens_of(index.lookup(M, prompt)[WorkerId("a")]) == {"GPU": 4}  # best tier wins
+    index.apply(batch("a", removed([1, 2])), 0.0)
+    assert tokens_of(index.lookup(M, prompt)[WorkerId("a")]) == {"CPU": 4}
+    index.apply(batch("a", removed([1, 2], medium="CPU")), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+    unknown = BlockStored(block_hashes=(EngineBlockHash(77),), block_size=BS, medium="CPU")
+    assert index.apply(batch("a", unknown), 0.0).unknown_moves == 1
+
+
+def test_a_prefix_continuing_in_a_slower_tier_is_split_per_tier() -> None:
+    index = fresh("a")
+    prompt = toks(5)
+    index.apply(batch("a", stored([1, 2], prompt[:4])), 0.0)
+    index.apply(batch("a", stored([3, 4], prompt[4:8], parent=2, medium="CPU")), 0.0)
+    index.apply(batch("a", stored([5], prompt[8:], parent=4, medium="DISK")), 0.0)
+    hit = index.lookup(M, prompt)[WorkerId("a")]
+    assert tokens_of(hit) == {"GPU": 4, "CPU": 4, "DISK": 2}
+    assert hit.tokens == 10 and hit.slowest_tier == "DISK"
+
+
+def test_a_prefix_held_only_in_slower_tiers_is_credited_to_them() -> None:
+    index = fresh("a")
+    prompt = toks(2)
+    index.apply(batch("a", stored([1], prompt[:2], medium="DISK")), 0.0)
+    index.apply(batch("a", stored([2], prompt[2:], parent=1, medium="DISK")), 0.0)
+    moved = BlockStored(block_hashes=(EngineBlockHash(2),), block_size=BS, medium="CPU")
+    index.apply(batch("a", moved), 0.0)
+    assert tokens_of(index.lookup(M, prompt)[WorkerId("a")]) == {"DISK": 2, "CPU": 2}
+
+
+def test_eagle_does_not_credit_the_last_matched_block() -> None:
+    index = fresh("plain")
+    index.register_worker(WorkerId("eagle"), M, BS, eagle=True)
+    prompt = toks(3)
+    for worker in ("plain", "eagle"):
+        index.apply(
+            batch(
+                worker, stored([1, 2], prompt[:4]), stored([3], prompt[4:], parent=2, medium="CPU")
+            ),
+            0.0,
+        )
+    hits = index.lookup(M, prompt)
+    assert tokens_of(hits[WorkerId("plain")]) == {"GPU": 4, "CPU": 2}
+    assert tokens_of(hits[WorkerId("eagle")]) == {"GPU": 4}
+    assert index.lookup(M, prompt[:2])[WorkerId("eagle")].tokens == 0
+
+
+def test_only_full_attention_groups_count() -> None:
+    index = fresh("a")
+    prompt = toks(2)
+    window = stored([1, 2], prompt, group_idx=1, full_attention=False)
+    stats = index.apply(batch("a", window), 0.0)
+    assert stats.ignored_blocks == 2 and index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+    index.apply(batch("a", stored([1, 2], prompt)), 0.0)
+    # the sliding-window group evicts its copy of the same hashes: the prefix stays
+    index.apply(batch("a", removed([1, 2], group_idx=1)), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 4
+
+
+def test_two_full_attention_groups_hold_two_copies() -> None:
+    index = fresh("a")
+    prompt = toks(2)
+    index.apply(
+        batch("a", stored([1, 2], prompt, group_idx=0), stored([1, 2], prompt, group_idx=1)), 0.0
+    )
+    index.apply(batch("a", removed([1, 2], group_idx=1)), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 4
+    index.apply(batch("a", removed([1, 2], group_idx=0)), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+
+
+def test_an_engine_hash_stored_again_with_its_parent_replaces_the_root_guess() -> None:
+    index = fresh("a")
+    prompt = toks(2)
+    index.apply(batch("a", stored([2], prompt[2:], parent=1)), 0.0)  # parent unknown yet
+    assert index.lookup(M, prompt[2:])[WorkerId("a")].tokens == 2
+    stats = index.apply(batch("a", stored([1, 2], prompt)), 0.0)
+    assert stats.remapped_blocks == 1
+    assert index.lookup(M, prompt[2:])[WorkerId("a")].tokens == 0
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 4
+    index.apply(batch("a", removed([2])), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 2
+
+
+def test_every_worker_of_the_model_is_reported() -> None:
+    index = fresh("a", "b")
+    index.register_worker(WorkerId("other-model"), ModelName("n"), BS)
+    index.apply(batch("a", stored([1], toks(1))), 0.0)
+    assert index.lookup(M) == {WorkerId("a"): CacheHit(BS), WorkerId("b"): CacheHit(BS)}
+    assert set(index.lookup(M, toks(3))) == {WorkerId("a"), WorkerId("b")}
+
+
+def test_several_block_sizes_in_one_model() -> None:
+    index = PrefixIndex()
+    index.register_worker(WorkerId("small"), M, 2)
+    index.register_worker(WorkerId("large"), M, 4)
+    prompt = toks(4, size=2)
+    index.apply(batch("small", stored([1, 2, 3], prompt[:6], block_size=2)), 0.0)
+    index.apply(batch("large", stored([9, 8], prompt, block_size=4)), 0.0)
+    hits = index.lookup(M, prompt)
+    assert hits[WorkerId("small")] == CacheHit(2, 6, gpu_tokens=6)
+    assert hits[WorkerId("large")] == CacheHit(4, 8, gpu_tokens=8)
+    wrong = index.apply(batch("large", stored([7], prompt[:2], block_size=2)), 0.0)
+    assert wrong.block_size_mismatch_blocks == 1
+
+
+def test_an_unknown_parent_starts_a_new_root_and_is_counted() -> None:
+    index = fresh("a")
+    prompt = toks(2)
+    stats = index.apply(batch("a", stored([2], prompt[2:], parent=1)), 0.0)
+    assert stats.unknown_parents == 1
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+    assert index.lookup(M, prompt[2:])[WorkerId("a")].tokens == 2
+
+
+def test_lora_and_extra_keys_make_blocks_distinct() -> None:
+    index = fresh("a")
+    prompt = toks(2)
+    index.apply(batch("a", stored([1, 2], prompt, lora_name="sql")), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+    assert index.lookup(M, prompt, lora_name="sql")[WorkerId("a")].tokens == 4
+    index.apply(batch("a", stored([3, 4], prompt, extra_keys=('["salt"]', ""))), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+    assert index.lookup(M, prompt, extra_keys=['["salt"]'])[WorkerId("a")].tokens == 4
+
+
+def test_store_only_entries_age_out_after_the_ttl() -> None:
+    index = fresh("a", store_only_ttl_s=10.0)
+    prompt = toks(2)
+    index.apply(batch("a", stored([1, 2], prompt)), 0.0)
+    hit = index.lookup(M, prompt)[WorkerId("a")]
+    assert hit.tokens == 4 and hit.approximate
+    assert index.maintain(9.0).expired_blocks == 0
+    assert index.maintain(10.5).expired_blocks == 2
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+    assert index.stats()["workers"]["a"]["engine_hashes"] == 0  # type: ignore[index]
+
+
+def test_store_only_capacity_trims_the_least_recently_used() -> None:
+    index = fresh("a", capacity_blocks=2)
+    first, second, third = toks(1, 100), toks(1, 200), toks(1, 300)
+    index.apply(batch("a", stored([1], first)), 0.0)
+    index.apply(batch("a", stored([2], second)), 1.0)
+    index.lookup(M, first, now_s=2.0)  # a lookup makes `first` the most recent
+    stats = index.apply(batch("a", stored([3], third)), 3.0)
+    assert stats.trimmed_blocks == 1
+    hits = [index.lookup(M, p)[WorkerId("a")].tokens for p in (first, second, third)]
+    assert hits == [2, 0, 2]
+
+
+def test_reset_forgets_and_flags_the_worker_until_it_clears() -> None:
+    index = fresh("a", "b")
+    prompt = toks(2)
+    for worker in ("a", "b"):
+        index.apply(batch(worker, stored([1, 2], prompt)), 0.0)
+    index.apply(batch("a", IndexReset(reason="gap 5..9")), 0.0)
+    index.reset_worker(WorkerId("b"), "restart")
+    hits = index.lookup(M, prompt)
+    assert all(h.tokens == 0 and h.approximate for h in hits.values())
+    assert index.stats()["workers"]["b"]["last_reset_reason"] == "restart"  # type: ignore[index]
+    assert index.totals.resets == 2
+    index.apply(batch("a", AllCleared(), stored([1, 2], prompt)), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")] == CacheHit(BS, 4, gpu_tokens=4)
+
+
+def test_unknown_workers_and_models_are_counted_and_ignored() -> None:
+    index = fresh("a")
+    assert index.apply(batch("ghost", stored([1], toks(1))), 0.0).unknown_worker_batches == 1
+    assert (
+        index.apply(batch("a", stored([1], toks(1)), model="other"), 0.0).model_mismatch_batches
+        == 1
+    )
+    assert index.lookup(M, toks(1))[WorkerId("a")].tokens == 0
+    assert index.lookup(ModelName("other"), toks(1)) == {}
+
+
+def test_more_than_64_workers() -> None:
+    workers = [f"w{i}" for i in range(70)]
+    index = fresh(*workers)
+    prompt = toks(70)
+    for i, worker in enumerate(workers):
+        index.apply(batch(worker, stored(range(1, i + 1), prompt[: 2 * i])), 0.0)
+    hits = index.lookup(M, prompt)
+    assert [hits[WorkerId(w)].tokens for w in workers] == [2 * i for i in range(70)]
+    index.remove_worker(WorkerId("w69"))
+    assert WorkerId("w69") not in index.lookup(M, prompt)
+
+
+def test_hashes_do_not_depend_on_the_process_hash_seed() -> None:
+    code = (
+        "from predictor.index import PrefixIndex; "
+        "print(PrefixIndex().hash_prompt('m', 4, list(range(64)), lora_name='x').tolist())"
+    )
+    outputs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.add(proc.stdout)
+    assert len(outputs) == 1
+
+
+def test_snapshot_restore_round_trip() -> None:
+    index = fresh("a")
+    index.register_worker(
+        WorkerId("b"), M, BS, eagle=True, store_only_ttl_s=30.0, capacity_blocks=10
+    )
+    prompt = toks(3)
+    events = [
+        stored([1, 2], prompt[:4]),
+        stored([1], prompt[:2]),
+        stored([3], prompt[4:], parent=2, medium="CPU"),
+    ]
+    for worker in ("a", "b"):
+        index.apply(batch(worker, *events, seq=7), 1.0)
+    index.apply(
+        batch("a", stored([5], toks(1, 900), group_idx=2, full_attention=False), seq=8), 1.0
+    )
+    index.lookup(M, prompt, now_s=1.5)  # a pending LRU refresh of store-only worker b
+    data = index.snapshot()
+    copy = PrefixIndex.restore(data)
+    assert copy.snapshot() == data
+    assert copy.lookup(M, prompt) == index.lookup(M, prompt)
+    assert copy.stats() == index.stats()
+    assert copy.last_seq(WorkerId("a")) == {0: 8}
+    later = [removed([1]), removed([1]), removed([5], group_idx=2), removed([3], medium="CPU")]
+    for target in (index, copy):
+        target.apply(batch("a", *later), 2.0)
+    assert copy.snapshot() == index.snapshot()
+
+
+# --------------------------------------------------------------------------- model
+
+# Documents of blocks (BS tokens each) whose tokens are unique per (document, position)
+# except where documents share a prefix: D1 shares 2 blocks with D0, D2 shares 4.
+DOCS = [
+    [(100 + 2 * i, 101 + 2 * i) for i in range(6)],
+    [(100 + 2 * i, 101 + 2 * i) for i in range(2)] + [(300 + 2 * i, 301 + 2 * i) for i in range(4)],
+    [(100 + 2 * i, 101 + 2 * i) for i in range(4)] + [(500 + 2 * i, 501 + 2 * i) for i in range(2)],
+    [(700 + 2 * i, 701 + 2 * i) for i in range(6)],
+]
+WORKERS = {"a": (0, False), "b": (1, True), "c": (0, False)}  # name: (engine hash seed, eagle)
+MEDIA: tuple[Tier, ...] = ("GPU", "CPU", "DISK")
+STORE_MEDIA: tuple[Tier, ...] = ("GPU", "GPU", "GPU", "CPU", "DISK")
+
+
+def engine_hash(worker: str, doc: int, block: int) -> int:
+    seed = WORKERS[worker][0]
+    prefix = tuple(t for blk in DOCS[doc][: block + 1] for t in blk)
+    return xxhash.xxh3_64_intdigest(repr((seed, prefix)).encode())
+
+
+class ModelWorker:
+    def __init__(self) -> None:
+        self.emap: dict[int, tuple[int, ...]] = {}
+        self.copies: dict[tuple[tuple[int, ...], str], int] = {}
+
+    def holds(self, prefix: tuple[int, ...]) -> bool:
+        return any(self.copies.get((prefix, t), 0) for t in TIERS)
+
+    def forget(self, prefix: tuple[int, ...]) -> None:
+        for tier in TIERS:
+            self.copies.pop((prefix, tier), None)
+
+    def store(self, event: BlockStored) -> None:
+        if not event.token_ids:
+            for h in event.block_hashes:
+                if h in self.emap:
+                    key = (self.emap[h], event.medium)
+                    self.copies[key] = self.copies.get(key, 0) + 1
+            return
+        parent = event.parent_block_hash
+        prefix = self.emap.get(parent, ()) if parent is not None else ()
+        for i, h in enumerate(event.block_hashes):
+            prefix = prefix + tuple(event.token_ids[i * BS : (i + 1) * BS])
+            old = self.emap.get(h)
+            if old is not None and old != prefix:
+                self.forget(old)
+            self.emap[h] = prefix
+            self.copies[(prefix, event.medium)] = self.copies.get((prefix, event.medium), 0) + 1
+
+    def remove(self, event: BlockRemoved) -> None:
+        for h in event.block_hashes:
+            prefix = self.emap.get(h)
+            key = (prefix, event.medium)
+            if prefix is None or not self.copies.get(key):
+                continue
+            self.copies[key] -= 1  # type: ignore[index]
+            if not self.copies[key]:  # type: ignore[index]
+                del self.copies[key]
+            if not self.holds(prefix):
+                del self.emap[h]
+
+    def clear(self, medium: str | None) -> None:
+        self.copies = {
+            k: v for k, v in self.copies.items() if medium is not None and k[1] != medium
+        }
+        self.emap = {h: p for h, p in self.emap.items() if self.holds(p)}
+
+    def hit(self, prompt: Sequence[int], eagle: bool) -> dict[str, int]:
+        per_tier = dict.fromkeys(TIERS, 0)
+        best_tiers = []
+        for k in range(len(prompt) // BS):
+            held = [t for t in TIERS if self.copies.get((tuple(prompt[: (k + 1) * BS]), t))]
+            if not held:
+                break
+            best_tiers.append(held[0])
+        if eagle and best_tiers:
+            best_tiers.pop()
+        for tier in best_tiers:
+            per_tier[tier] += BS
+        return {t: n for t, n in per_tier.items() if n}
+
+
+store_op = st.tuples(
+    st.just("store"),
+    st.sampled_from(sorted(WORKERS)),
+    st.integers(0, len(DOCS) - 1),
+    st.integers(0, 5),
+    st.integers(1, 6),
+    st.sampled_from(STORE_MEDIA),
+    st.sampled_from(["parent", "parent", "root"]),
+)
+# Removals and tier moves pick engine hashes the model knows (by rank; -1: an unknown one).
+picks = st.lists(st.integers(-1, 40), min_size=1, max_size=3, unique=True)
+remove_op = st.tuples(
+    st.just("remove"), st.sampled_from(sorted(WORKERS)), picks, st.integers(0, len(MEDIA))
+)
+move_op = st.tuples(
+    st.just("move"), st.sampled_from(sorted(WORKERS)), picks, st.sampled_from(MEDIA)
+)
+clear_op = st.tuples(
+    st.just("clear"), st.sampled_from(sorted(WORKERS)), st.sampled_from([None, *MEDIA])
+)
+reset_op = st.tuples(st.just("reset"), st.sampled_from(sorted(WORKERS)))
+OPS = {
+    "store": store_op,
+    "remove": remove_op,
+    "move": move_op,
+    "clear": clear_op,
+    "reset": reset_op,
+}
+KINDS = ["store"] * 6 + ["remove"] * 5 + ["move"] * 2 + ["clear", "reset"]
+ops_strategy = st.lists(st.sampled_from(KINDS).flatmap(OPS.__getitem__), min_size=5, max_size=50)
+
+
+def picked_hashes(model: ModelWorker, ranks: list[int]) -> list[int]:
+    known = sorted(model.emap)
+    return [known[r % len(known)] if known and r >= 0 else 12345 + r for r in ranks]
+
+
+def to_event(op: tuple, fleet: dict[str, ModelWorker]) -> tuple[str, KvEvent]:
+    kind, worker = op[0], op[1]
+    model = fleet[worker]
+    if kind == "store":
+        _, _, doc, start, length, medium, how = op
+        stop = min(6, start + length)
+        hashes = [engine_hash(worker, doc, b) for b in range(start, stop)]
+        parent = engine_hash(worker, doc, start - 1) if how == "parent" and start else None
+        tokens = [t for blk in DOCS[doc][start:stop] for t in blk]
+        return worker, stored(hashes, tokens, parent=parent, medium=medium)
+    if kind == "move":
+        hashes = picked_hashes(model, op[2])
+        event = BlockStored(
+            block_hashes=tuple(map(EngineBlockHash, hashes)), block_size=BS, medium=op[3]
+        )
+        return worker, event
+    if kind == "remove":
+        hashes = picked_hashes(model, op[2])
+        prefix = model.emap.get(hashes[0])
+        held = [t for t in TIERS if prefix is not None and model.copies.get((prefix, t))]
+        medium = MEDIA[op[3] - 1] if op[3] or not held else held[0]
+        return worker, removed(hashes, medium)
+    if kind == "clear":
+        return worker, AllCleared(medium=op[2])
+    return worker, IndexReset(reason="test")
+
+
+def check_equal(index: PrefixIndex, fleet: dict[str, ModelWorker]) -> None:
+    for doc in DOCS:
+        prompt = [t for blk in doc for t in blk]
+        for length in (len(prompt), 7, 3):
+            hits = index.lookup(M, prompt[:length])
+            for worker, (_, eagle) in WORKERS.items():
+                assert tokens_of(hits[WorkerId(worker)]) == fleet[worker].hit(
+                    prompt[:length], eagle
+                )
+    for worker, model in fleet.items():
+        blocks = index.stats()["workers"][worker]["blocks"]  # type: ignore[index]
+        for tier in TIERS:
+            assert blocks[tier] == sum(1 for (_, t) in model.copies if t == tier)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops_strategy)
+def test_index_agrees_with_the_brute_force_model(ops: list[tuple]) -> None:
+    run_against_model(ops)
+
+
+def run_against_model(ops: list[tuple]) -> None:
+    index = PrefixIndex()
+    for worker, (_, eagle) in WORKERS.items():
+        index.register_worker(WorkerId(worker), M, BS, eagle=eagle)
+    fleet = {worker: ModelWorker() for worker in WORKERS}
+    for seq, op in enumerate(ops):
+        worker, event = to_event(op, fleet)
+        index.apply(batch(worker, event, seq=seq), float(seq))
+        model = fleet[worker]
+        if isinstance(event, BlockStored):
+            model.store(event)
+        elif isinstance(event, BlockRemoved):
+            model.remove(event)
+        else:
+            model.clear(event.medium if isinstance(event, AllCleared) else None)
+        check_equal(index, fleet)
+    copy = PrefixIndex.restore(index.snapshot())
+    assert copy.snapshot() == index.snapshot()
+    check_equal(copy, fleet)
+
+
+def random_op(rng: random.Random) -> tuple:
+    """One op of the same shapes as ``ops_strategy``, for long seeded walks."""
+    kind = rng.choice(["clear", "reset"]) if rng.random() < 0.03 else rng.choice(KINDS[:-2])
+    worker = rng.choice(sorted(WORKERS))
+    ranks = rng.sample(range(-1, 41), rng.randint(1, 3))
+    if kind == "store":
+        how = rng.choice(["parent", "parent", "root"])
+        doc, start, length = rng.randrange(len(DOCS)), rng.randrange(6), rng.randint(1, 6)
+        return (kind, worker, doc, start, length, rng.choice(STORE_MEDIA), how)
+    if kind == "remove":
+        return (kind, worker, ranks, rng.choice([0, 0, 0, 1, 2, 3]))
+    if kind == "move":
+        return (kind, worker, ranks, rng.choice(MEDIA))
+    if kind == "clear":
+        return (kind, worker, rng.choice([None, *MEDIA]))
+    return (kind, worker)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_long_random_walks_agree_with_the_model(seed: int) -> None:
+    rng = random.Random(seed)
+    run_against_model([random_op(rng) for _ in range(600)])
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_register_rejects_bad_block_sizes(bad: int) -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        PrefixIndex().register_worker(WorkerId("a"), M, bad)

@@ -1,0 +1,283 @@
+"""The routing-policy contract (fleet/policy.py), run against every registered policy, plus
+the baselines' own behaviour and the registry."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet.policy import (
+    Decision,
+    FleetLedger,
+    FleetView,
+    IgnoresFeedback,
+    LeastOutstandingTokens,
+    RoundRobin,
+    RouteRequest,
+    RoutingPolicy,
+    WorkerInfo,
+    make_policy,
+    policy_names,
+    register_policy,
+    unregister_policy,
+)
+from fleet.spec import EngineSpec, FleetSpec, KvCapacity, TruthSpec
+from foretoken.ids import ModelName, RequestId, WorkerId
+from streams.records import Grant, SchedulerSettings
+
+MODEL_A, MODEL_B, UNSERVED = ModelName("model-a"), ModelName("model-b"), ModelName("nobody")
+
+
+def engine(worker: str, model: str, *, a: float = 1e-4, block_size: int = 16) -> EngineSpec:
+    return EngineSpec(
+        id=WorkerId(worker),
+        model=ModelName(model),
+        block_size=block_size,
+        kv=KvCapacity(gpu_blocks=4096),
+        scheduler=SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=16),
+        truth=TruthSpec(prefill_a_s_per_token=a, prefill_b_s_per_token2=1e-9),
+    )
+
+
+def two_model_fleet(a: float = 1e-4) -> FleetSpec:
+    return FleetSpec(
+        name="two-models",
+        engines=(
+            engine("a-0", MODEL_A, a=a),
+            engine("a-1", MODEL_A, a=2 * a, block_size=32),
+            engine("a-2", MODEL_A, a=3 * a),
+            engine("b-0", MODEL_B, a=a),
+        ),
+    )
+
+
+def route(index: int, model: str, prompt_tokens: int, at_s: float) -> RouteRequest:
+    return RouteRequest(
+        request_id=RequestId(f"r{index}"),
+        model=ModelName(model),
+        arrival_s=at_s,
+        prompt_tokens=prompt_tokens,
+        token_ids=list(range(index, index + prompt_tokens)),
+        max_tokens=4,
+        max_queue_wait_s=None if index % 3 else 10.0,
+    )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scripted event: a request arrives, or the oldest outstanding one finishes."""
+
+    model: str
+    prompt_tokens: int
+    finish_oldest: bool
+
+
+steps = st.lists(
+    st.builds(
+        Step,
+        model=st.sampled_from([MODEL_A, MODEL_A, MODEL_B, UNSERVED]),
+        prompt_tokens=st.integers(1, 4000),
+        finish_oldest=st.booleans(),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+def drive(policy: RoutingPolicy, ledger: FleetLedger, script: Sequence[Step]) -> Iterator[Decision]:
+    """Play a script the way a driver would: decide, record what was sent, then feed back
+    a first token and a completion for the oldest outstanding request when told to."""
+    outstanding: list[tuple[RequestId, WorkerId]] = []
+    for index, step in enumerate(script):
+        at_s = 0.1 * index
+        request = route(index, step.model, step.prompt_tokens, at_s)
+        decision = policy.decide(request, ledger)
+        yield decision
+        if decision.worker_id is not None:
+            ledger.record_sent(request.request_id, decision.worker_id, request.prompt_tokens)
+            outstanding.append((request.request_id, decision.worker_id))
+        if step.finish_oldest and outstanding:
+            rid, worker = outstanding.pop(0)
+            ledger.record_first_token(rid)
+            policy.on_kv_events(worker, (), at_s)
+            policy.on_first_token(rid, worker, 0.05, 0, at_s)
+            ledger.record_finished(rid)
+            policy.on_finished(rid, worker, 4, 0.1, at_s)
+
+
+# Every registered policy runs the contract (a predictor's policy registers on import).
+each_policy = pytest.mark.parametrize("policy_name", policy_names())
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+@each_policy
+@settings(max_examples=40, deadline=None)
+@given(script=steps, seed=st.integers(0, 5))
+def test_a_decision_names_a_worker_of_the_model_or_rejects_with_a_reason(
+    policy_name: str, script: list[Step], seed: int
+) -> None:
+    fleet = two_model_fleet()
+    ledger = FleetLedger.for_fleet(fleet)
+    policy = make_policy(policy_name, ledger, seed=seed)
+    assert isinstance(policy, RoutingPolicy) and policy.name
+    for step, decision in zip(script, drive(policy, ledger, script), strict=True):
+        assert decision.reason
+        if decision.worker_id is None:
+            assert decision.retry_after_s is None or decision.retry_after_s >= 0
+            continue
+        assert fleet.engine(decision.worker_id).model == step.model
+        for candidate in decision.candidates:
+            assert fleet.engine(candidate.worker_id).model == step.model
+        if decision.predicted_ttft_s is not None:
+            assert math.isfinite(decision.predicted_ttft_s) and decision.predicted_ttft_s >= 0
+
+
+@each_policy
+def test_a_model_nobody_serves_is_rejected_not_raised(policy_name: str) -> None:
+    ledger = FleetLedger.for_fleet(two_model_fleet())
+    decision = make_policy(policy_name, ledger).decide(route(0, UNSERVED, 100, 0.0), ledger)
+    assert decision.worker_id is None and not decision.admitted and decision.reason
+
+
+@each_policy
+@settings(max_examples=20, deadline=None)
+@given(script=steps, seed=st.integers(0, 5))
+def test_same_seed_same_decisions(policy_name: str, script: list[Step], seed: int) -> None:
+    def decisions() -> list[Decision]:
+        ledger = FleetLedger.for_fleet(two_model_fleet())
+        return list(drive(make_policy(policy_name, ledger, seed=seed), ledger, script))
+
+    assert decisions() == decisions()
+
+
+@each_policy
+@settings(max_examples=20, deadline=None)
+@given(script=steps)
+def test_decisions_do_not_depend_on_the_hidden_truth(policy_name: str, script: list[Step]) -> None:
+    def decisions(fleet: FleetSpec) -> list[Decision]:
+        ledger = FleetLedger.for_fleet(fleet)
+        return list(drive(make_policy(policy_name, ledger), ledger, script))
+
+    assert decisions(two_model_fleet(a=1e-4)) == decisions(two_model_fleet(a=5e-3))
+
+
+@each_policy
+def test_deciding_leaves_the_view_unchanged(policy_name: str) -> None:
+    fleet = two_model_fleet()
+    ledger = FleetLedger.for_fleet(fleet)
+    ledger.record_sent(RequestId("old"), WorkerId("a-1"), 700)
+    policy = make_policy(policy_name, ledger)
+    before = {spec.id: ledger.load(spec.id) for spec in fleet.engines}
+    for index in range(5):
+        policy.decide(route(index, MODEL_A, 300, 0.0), ledger)
+    assert {spec.id: ledger.load(spec.id) for spec in fleet.engines} == before
+
+
+@each_policy
+def test_every_decision_makes_a_valid_grant(policy_name: str) -> None:
+    ledger = FleetLedger.for_fleet(two_model_fleet())
+    policy = make_policy(policy_name, ledger)
+    for index, model in enumerate((MODEL_A, MODEL_B, UNSERVED)):
+        request = route(index, model, 64, 1.0)
+        grant = policy.decide(request, ledger).grant(request, ts=1.0)
+        decoded = msgspec.json.decode(msgspec.json.encode(grant), type=Grant)
+        assert decoded.admitted == (decoded.worker_id is not None)
+        assert decoded.request_id == request.request_id and decoded.model == model
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def test_round_robin_takes_each_models_workers_in_turn() -> None:
+    ledger = FleetLedger.for_fleet(two_model_fleet())
+    policy = RoundRobin(ledger, seed=1)
+    chosen = [policy.decide(route(i, MODEL_A, 10, 0.0), ledger).worker_id for i in range(6)]
+    assert chosen == ["a-1", "a-2", "a-0", "a-1", "a-2", "a-0"]
+    assert policy.decide(route(9, MODEL_B, 10, 0.0), ledger).worker_id == "b-0"
+
+
+def test_least_outstanding_tokens_follows_what_was_sent_and_finished() -> None:
+    ledger = FleetLedger.for_fleet(two_model_fleet())
+    policy = LeastOutstandingTokens(ledger)
+    ledger.record_sent(RequestId("x"), WorkerId("a-0"), 5000)
+    ledger.record_sent(RequestId("y"), WorkerId("a-1"), 100)
+    assert policy.decide(route(0, MODEL_A, 10, 0.0), ledger).worker_id == "a-2"
+    ledger.record_sent(RequestId("z"), WorkerId("a-2"), 200)
+    assert policy.decide(route(1, MODEL_A, 10, 0.0), ledger).worker_id == "a-1"
+    ledger.record_finished(RequestId("x"))
+    assert policy.decide(route(2, MODEL_A, 10, 0.0), ledger).worker_id == "a-0"
+
+
+def test_the_ledger_counts_awaiting_and_outstanding_work() -> None:
+    ledger = FleetLedger.for_fleet(two_model_fleet())
+    worker = WorkerId("a-0")
+    ledger.record_sent(RequestId("x"), worker, 300)
+    ledger.record_sent(RequestId("y"), worker, 200)
+    ledger.record_first_token(RequestId("x"))
+    load = ledger.load(worker)
+    assert (load.outstanding_requests, load.outstanding_prompt_tokens) == (2, 500)
+    assert (load.awaiting_first_token, load.awaiting_prompt_tokens) == (1, 200)
+    ledger.record_finished(RequestId("y"))  # finished without a first token seen: errored
+    ledger.record_finished(RequestId("x"))
+    assert ledger.load(worker) == ledger.load(WorkerId("b-0"))
+
+
+def test_the_view_carries_reported_settings_only() -> None:
+    spec = two_model_fleet().engine("a-1")
+    info = WorkerInfo.from_spec(spec)
+    assert (info.block_size, info.scheduler, info.config_hash) == (
+        32,
+        spec.scheduler,
+        spec.config_hash,
+    )
+    view = FleetView([info])
+    assert view.workers_for(MODEL_A) == (info,) and view.workers_for(MODEL_B) == ()
+
+
+# --------------------------------------------------------------------------- registry, values
+
+
+class _AlwaysFirst(IgnoresFeedback):
+    name = "always-first"
+
+    def __init__(self, fleet: FleetView, seed: int = 0) -> None:
+        pass
+
+    def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        workers = fleet.workers_for(request.model)
+        if not workers:
+            return Decision.reject("no worker")
+        return Decision(workers[0].worker_id, "first")
+
+
+def test_a_registered_policy_is_made_by_name() -> None:
+    register_policy(_AlwaysFirst.name, _AlwaysFirst)
+    try:
+        assert _AlwaysFirst.name in policy_names()
+        ledger = FleetLedger.for_fleet(two_model_fleet())
+        policy = make_policy(_AlwaysFirst.name, ledger)
+        assert policy.decide(route(0, MODEL_A, 10, 0.0), ledger).worker_id == "a-0"
+        with pytest.raises(ValueError, match="already registered"):
+            register_policy(_AlwaysFirst.name, _AlwaysFirst)
+    finally:
+        unregister_policy(_AlwaysFirst.name)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy(_AlwaysFirst.name, FleetLedger.for_fleet(two_model_fleet()))
+
+
+def test_a_decision_checks_its_numbers() -> None:
+    with pytest.raises(ValueError, match="reason"):
+        Decision(WorkerId("a-0"), "")
+    with pytest.raises(ValueError, match="predicted_ttft_s"):
+        Decision(WorkerId("a-0"), "x", predicted_ttft_s=-1.0)
+    with pytest.raises(ValueError, match="retry_after_s"):
+        Decision.reject("busy", retry_after_s=math.inf)
+    assert not Decision.reject("busy", retry_after_s=2.0).admitted

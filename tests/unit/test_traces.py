@@ -1,0 +1,366 @@
+"""Trace loaders, synthetic sharing, arrivals and bound mixes (fleet/traces.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet.traces import (
+    AZURE_CODE_FILE,
+    AZURE_CONV_FILE,
+    MOONCAKE_BLOCK_TOKENS,
+    MOONCAKE_FILE,
+    TRACES_DIR_ENV,
+    BoundMix,
+    LengthDistribution,
+    SharingModel,
+    TraceFormatError,
+    TraceRequest,
+    default_trace_path,
+    gamma_arrivals,
+    load_azure,
+    load_mooncake,
+    synthetic_requests,
+    traces_dir,
+)
+
+B = MOONCAKE_BLOCK_TOKENS
+# A small Mooncake trace: block 0 is shared by all (a system prompt), block 1 by the
+# first two requests (a conversation), the last blocks are partial.
+MOONCAKE_ROWS: list[dict[str, Any]] = [
+    {"timestamp": 0, "input_length": 2 * B - 24, "output_length": 5, "hash_ids": [0, 1]},
+    {"timestamp": 1500, "input_length": 2 * B + 6, "output_length": 7, "hash_ids": [0, 1, 2]},
+    {"timestamp": 4000, "input_length": B + 88, "output_length": 3, "hash_ids": [0, 4]},
+]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def mooncake_file(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "mc.jsonl", MOONCAKE_ROWS)
+
+
+def block(request: TraceRequest, index: int) -> np.ndarray:
+    return request.token_ids[index * B : (index + 1) * B]
+
+
+# ---------------------------------------------------------------------------- paths
+
+
+def test_traces_dir_defaults_next_to_repo_and_env_overrides(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(TRACES_DIR_ENV, raising=False)
+    repo_root = Path(__file__).resolve().parents[2]
+    assert traces_dir() == repo_root.parent / "shared" / "traces"
+    monkeypatch.setenv(TRACES_DIR_ENV, str(tmp_path))
+    assert default_trace_path(MOONCAKE_FILE) == tmp_path / MOONCAKE_FILE
+
+
+# ---------------------------------------------------------------------------- Mooncake
+
+
+def test_mooncake_lengths_and_truncated_last_block(mooncake_file: Path) -> None:
+    requests = load_mooncake(mooncake_file)
+    for row, request in zip(MOONCAKE_ROWS, requests, strict=True):
+        tokens = request.token_ids
+        assert tokens.dtype == np.int32
+        assert len(tokens) == request.prompt_tokens == row["input_length"]
+        assert request.output_tokens == row["output_length"]
+    # Block 1 is the last (partial) block of request 0 and a full block of request 1:
+    # the partial one is the full one's prefix.
+    first, second, _ = requests
+    partial = block(first, 1)
+    assert len(partial) == MOONCAKE_ROWS[0]["input_length"] - B
+    assert np.array_equal(partial, block(second, 1)[: len(partial)])
+
+
+def test_mooncake_equal_ids_equal_tokens_different_ids_different(mooncake_file: Path) -> None:
+    first, second, third = load_mooncake(mooncake_file)
+    assert np.array_equal(block(first, 0), block(third, 0))
+    assert np.array_equal(block(first, 0), block(second, 0))
+    assert not np.array_equal(block(second, 1), block(third, 1)[: len(block(second, 1))])
+    assert not np.array_equal(block(second, 2), block(third, 1)[: len(block(second, 2))])
+
+
+def test_mooncake_is_deterministic_and_seeded(mooncake_file: Path) -> None:
+    again = load_mooncake(mooncake_file)
+    for a, b in zip(load_mooncake(mooncake_file), again, strict=True):
+        assert a == b and np.array_equal(a.token_ids, b.token_ids)
+    other = load_mooncake(mooncake_file, seed=1)
+    assert not np.array_equal(again[0].token_ids, other[0].token_ids)
+    small = load_mooncake(mooncake_file, vocab_size=50)
+    assert all(t.token_ids.min() >= 0 and t.token_ids.max() < 50 for t in small)
+
+
+def test_mooncake_speedup_and_limit(mooncake_file: Path) -> None:
+    plain = load_mooncake(mooncake_file)
+    fast = load_mooncake(mooncake_file, speedup=4.0, limit=2)
+    assert len(fast) == 2
+    assert [r.arrival_s for r in plain] == [row["timestamp"] / 1000 for row in MOONCAKE_ROWS]
+    assert [r.arrival_s for r in fast] == pytest.approx([r.arrival_s / 4 for r in plain[:2]])
+    with pytest.raises(ValueError, match="speedup"):
+        load_mooncake(mooncake_file, speedup=0)
+
+
+def test_mooncake_conversation_skips_the_block_every_request_shares(mooncake_file: Path) -> None:
+    first, second, third = load_mooncake(mooncake_file)
+    assert first.conversation_id == second.conversation_id != third.conversation_id
+    # Fixing the shared prefix at 0 blocks puts everything in one conversation (block 0).
+    fixed = load_mooncake(mooncake_file, system_prefix_blocks=0)
+    assert len({r.conversation_id for r in fixed}) == 1
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"timestamp": 0, "input_length": 2 * B + 1, "output_length": 1, "hash_ids": [0, 1]},
+        {"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []},
+        {"timestamp": 0, "input_length": 10, "output_length": 1},
+    ],
+)
+def test_mooncake_rejects_malformed_rows(tmp_path: Path, row: dict[str, object]) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", [MOONCAKE_ROWS[0], row])
+    with pytest.raises(TraceFormatError, match=r"bad\.jsonl:2"):
+        load_mooncake(path)
+
+
+def test_shipped_mooncake_file_loads_whole() -> None:
+    requests = load_mooncake()
+    assert len(requests) == 12031  # the README's request count
+    arrivals = [r.arrival_s for r in requests]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
+    # Every request shares the trace's first block, so conversations come from later ones.
+    assert len({r.conversation_id for r in requests}) > 1
+    sample = requests[:: len(requests) // 20]
+    assert all(len(r.token_ids) == r.prompt_tokens for r in sample)
+
+
+# ---------------------------------------------------------------------------- Azure
+
+
+AZURE_CSV = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:17:03.5000000,400,10
+2023-11-16 18:17:04.0000000,900,20
+2023-11-16 18:17:06.2500000,50,5
+"""
+
+
+def test_azure_arrivals_lengths_and_speedup(tmp_path: Path) -> None:
+    path = tmp_path / "az.csv"
+    path.write_text(AZURE_CSV)
+    requests = load_azure(path, sharing=SharingModel.none())
+    assert [r.arrival_s for r in requests] == pytest.approx([0.0, 0.5, 2.75])
+    assert [(r.prompt_tokens, r.output_tokens) for r in requests] == [(400, 10), (900, 20), (50, 5)]
+    assert all(len(r.token_ids) == r.prompt_tokens for r in requests)
+    fast = load_azure(path, speedup=2.0, limit=2)
+    assert [r.arrival_s for r in fast] == pytest.approx([0.0, 0.25])
+
+
+def test_azure_rejects_a_file_without_the_columns(tmp_path: Path) -> None:
+    path = tmp_path / "az.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(TraceFormatError):
+        load_azure(path)
+
+
+def shares_prefix(a: np.ndarray, b: np.ndarray, n: int) -> bool:
+    return len(a) >= n and len(b) >= n and np.array_equal(a[:n], b[:n])
+
+
+@pytest.fixture(scope="module")
+def azure_conv() -> list[TraceRequest]:
+    return load_azure(default_trace_path(AZURE_CONV_FILE), limit=4000)
+
+
+def test_azure_keeps_trace_lengths_and_is_seeded(azure_conv: list[TraceRequest]) -> None:
+    again = load_azure(default_trace_path(AZURE_CONV_FILE), limit=4000)
+    assert again == azure_conv
+    other = load_azure(
+        default_trace_path(AZURE_CONV_FILE), limit=4000, sharing=SharingModel(seed=9)
+    )
+    assert [r.prompt_tokens for r in other] == [r.prompt_tokens for r in azure_conv]
+    assert [r.conversation_id for r in other] != [r.conversation_id for r in azure_conv]
+
+
+def test_followups_extend_their_previous_prompt(azure_conv: list[TraceRequest]) -> None:
+    model = SharingModel()
+    previous: dict[str | None, TraceRequest] = {}
+    followups = 0
+    for request in azure_conv:
+        before = previous.get(request.conversation_id)
+        if before is not None:
+            followups += 1
+            assert request.arrival_s - before.arrival_s <= model.session_idle_s
+            assert request.prompt_tokens > before.prompt_tokens + before.output_tokens
+            assert np.array_equal(request.token_ids[: before.prompt_tokens], before.token_ids)
+        previous[request.conversation_id] = request
+    # Achieved follow-up rate: some, but at most the configured probability (plus noise).
+    rate = followups / len(azure_conv)
+    assert 0.05 < rate <= model.followup_probability + 0.03
+
+
+def test_system_prompts_start_the_chosen_share_of_new_sessions() -> None:
+    system_len, fraction = 300, 0.4
+    model = SharingModel(
+        system_prompt_tokens=(system_len,), system_prompt_fraction=fraction, followup_probability=0
+    )
+    requests = load_azure(default_trace_path(AZURE_CODE_FILE), sharing=model)
+    heads = Counter(
+        r.token_ids[:system_len].tobytes() for r in requests if r.prompt_tokens > system_len
+    )
+    (_, shared), *rest = heads.most_common()
+    eligible = sum(r.prompt_tokens > system_len for r in requests)
+    assert shared / eligible == pytest.approx(fraction, abs=0.03)
+    assert all(count == 1 for _, count in rest)  # everything else is fresh
+    # A prompt never consists of the system prompt alone (it must be strictly longer).
+    short = [r for r in requests if r.prompt_tokens <= system_len]
+    system = np.frombuffer(heads.most_common(1)[0][0], dtype=np.int32)
+    assert short and not any(np.array_equal(r.token_ids, system[: r.prompt_tokens]) for r in short)
+
+
+def test_no_sharing_shares_nothing(azure_conv: list[TraceRequest]) -> None:
+    requests = load_azure(
+        default_trace_path(AZURE_CONV_FILE), limit=2000, sharing=SharingModel.none()
+    )
+    heads = {r.token_ids[:16].tobytes() for r in requests}
+    assert len(heads) == len(requests)
+    assert len({r.conversation_id for r in requests}) == len(requests)
+
+
+def test_sessions_idle_too_long_are_not_continued() -> None:
+    idle = 5.0
+    model = SharingModel(followup_probability=1.0, session_idle_s=idle, system_prompt_tokens=())
+    requests = load_azure(default_trace_path(AZURE_CODE_FILE), limit=3000, sharing=model)
+    last_seen: dict[str | None, float] = {}
+    for r in requests:
+        if r.conversation_id in last_seen:
+            assert r.arrival_s - last_seen[r.conversation_id] <= idle
+        last_seen[r.conversation_id] = r.arrival_s
+
+
+def test_one_open_session_means_only_the_latest_is_continued() -> None:
+    model = SharingModel(followup_probability=1.0, max_open_sessions=1)
+    requests = load_azure(default_trace_path(AZURE_CODE_FILE), limit=2000, sharing=model)
+    seen: set[str | None] = set()
+    latest: str | None = None
+    for r in requests:
+        assert r.conversation_id == latest or r.conversation_id not in seen
+        seen.add(r.conversation_id)
+        latest = r.conversation_id
+    assert len(seen) < len(requests)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"system_prompt_fraction": 1.5},
+        {"followup_probability": -0.1},
+        {"system_prompt_tokens": (0,)},
+        {"system_prompt_weights": (1.0,)},
+        {"session_idle_s": 0.0},
+        {"max_open_sessions": 0},
+    ],
+)
+def test_sharing_model_validates(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        SharingModel(**kwargs)
+
+
+# ---------------------------------------------------------------------------- arrivals
+
+
+def test_gamma_arrivals_mean_rate_and_burstiness() -> None:
+    rate, n = 8.0, 40_000
+    cvs = {}
+    for burstiness in (0.25, 1.0, 4.0):
+        arrivals = gamma_arrivals(rate, n, burstiness, seed=3)
+        assert arrivals[0] == 0.0 and np.all(np.diff(arrivals) >= 0)
+        assert (n - 1) / arrivals[-1] == pytest.approx(rate, rel=0.05)
+        gaps = np.diff(arrivals)
+        cvs[burstiness] = gaps.std() / gaps.mean()
+        assert cvs[burstiness] == pytest.approx(1 / math.sqrt(burstiness), rel=0.1)
+    assert cvs[0.25] > cvs[1.0] > cvs[4.0]
+
+
+def test_gamma_arrivals_seeded_and_validated() -> None:
+    assert np.array_equal(gamma_arrivals(2.0, 50, seed=1), gamma_arrivals(2.0, 50, seed=1))
+    assert not np.array_equal(gamma_arrivals(2.0, 50, seed=1), gamma_arrivals(2.0, 50, seed=2))
+    assert np.array_equal(gamma_arrivals(math.inf, 4), np.zeros(4))
+    assert len(gamma_arrivals(1.0, 0)) == 0
+    for bad in ({"rate_rps": 0.0}, {"burstiness": 0.0}, {"n": -1}):
+        args = {"rate_rps": 1.0, "n": 3, "burstiness": 1.0} | bad
+        with pytest.raises(ValueError):
+            gamma_arrivals(**args)
+
+
+def test_synthetic_requests_follow_their_distributions() -> None:
+    prompt = LengthDistribution(median=800, sigma=1.0, min_tokens=64, max_tokens=4096)
+    output = LengthDistribution(median=32)
+    requests = synthetic_requests(
+        2000, rate_rps=10.0, burstiness=0.5, prompt=prompt, output=output, seed=4
+    )
+    lengths = np.array([r.prompt_tokens for r in requests])
+    assert lengths.min() >= 64 and lengths.max() <= 4096
+    assert np.median(lengths) == pytest.approx(800, rel=0.1)
+    assert {r.output_tokens for r in requests} == {32}
+    assert [r.arrival_s for r in requests] == list(gamma_arrivals(10.0, 2000, 0.5, seed=4))
+    again = synthetic_requests(
+        2000, rate_rps=10.0, burstiness=0.5, prompt=prompt, output=output, seed=4
+    )
+    assert again == requests
+    assert len({r.token_ids[:16].tobytes() for r in requests}) == len(requests)
+
+
+# ---------------------------------------------------------------------------- bounds
+
+
+def test_bound_mix_parses_and_assigns_exact_shares() -> None:
+    mix = BoundMix.parse("5:0.2, 30:0.5,NONE:0.3")
+    assert mix.bounds == (5.0, 30.0, None)
+    drawn = mix.draw(1000, seed=1)
+    assert Counter(drawn) == {5.0: 200, 30.0: 500, None: 300}
+    assert drawn == mix.draw(1000, seed=1) != mix.draw(1000, seed=2)
+    requests = synthetic_requests(
+        10, rate_rps=1.0, prompt=LengthDistribution(10), output=LengthDistribution(2)
+    )
+    bounded = mix.assign(requests, seed=1)
+    assert [r.max_queue_wait_s for r in bounded] == mix.draw(10, seed=1)
+    assert [r.request_id for r in bounded] == [r.request_id for r in requests]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "5", "5:0.5,30", "x:1", "5:abc", "5:0.5,30:0.4", "-5:1", "5:0.5,5:0.5", "none:1.5"],
+)
+def test_bound_mix_rejects_bad_text(text: str) -> None:
+    with pytest.raises(ValueError):
+        BoundMix.parse(text)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    raw=st.lists(st.integers(min_value=0, max_value=100), min_size=1, max_size=5).filter(
+        lambda ws: sum(ws) > 0
+    ),
+    n=st.integers(min_value=0, max_value=500),
+)
+def test_bound_mix_counts_are_within_one_of_the_share(raw: list[int], n: int) -> None:
+    weights = tuple(w / sum(raw) for w in raw)
+    bounds = tuple(float(i + 1) for i in range(len(raw)))
+    counts = Counter(BoundMix(bounds, weights).draw(n, seed=0))
+    assert sum(counts.values()) == n
+    for bound, weight in zip(bounds, weights, strict=True):
+        assert abs(counts[bound] - weight * n) < 1
