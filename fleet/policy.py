@@ -34,9 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
-from fleet.prefix_cache import KvEventDetail
+from fleet.prefix_cache import KvEventDetail, TokenIds
 from fleet.spec import EngineSpec, FleetSpec
 from foretoken.ids import ConversationId, ModelName, RequestId, WorkerId
 from streams.records import (
@@ -69,7 +67,7 @@ class RouteRequest:
     model: ModelName
     arrival_s: float
     prompt_tokens: int
-    token_ids: Sequence[int] | np.ndarray | None = None
+    token_ids: TokenIds | None = None
     max_tokens: int | None = None
     max_queue_wait_s: float | None = None
     already_waited_s: float = 0.0
@@ -366,8 +364,7 @@ class RoundRobin(IgnoresFeedback):
     name = "round-robin"
 
     def __init__(self, fleet: FleetView, seed: int = 0) -> None:
-        # Each model's rotation starts at a seeded offset, so replicas of a run differ
-        # only by the seed.
+        # Each model's rotation starts at the worker the seed points to.
         self._seed = seed
         self._next: dict[ModelName, int] = {}
 
@@ -387,7 +384,7 @@ class LeastOutstandingTokens(IgnoresFeedback):
     name = "least-outstanding-tokens"
 
     def __init__(self, fleet: FleetView, seed: int = 0) -> None:
-        self._seed = seed
+        pass  # deterministic: nothing to seed
 
     def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
         workers = fleet.workers_for(request.model)

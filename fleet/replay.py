@@ -375,8 +375,9 @@ def replay(
 ) -> ReplayResult:
     """Replay ``trace`` (its first ``limit`` requests, arrivals divided by ``speedup``)
     on ``fleet`` in virtual time, routing with ``policy``. Every request is for ``model``
-    (default: the fleet's only model). ``step_by_step`` turns decode runs off (same
-    records, slower: for checking that they are equivalent)."""
+    (default: the fleet's only model). At each arrival the policy decides with the
+    replay's own :class:`~fleet.policy.FleetLedger` as its view. ``step_by_step`` turns
+    decode runs off (same records, slower: for checking that they are equivalent)."""
     if not (speedup > 0 and math.isfinite(speedup)):
         raise ValueError(f"speedup must be a positive finite number, got {speedup}")
     requests = sorted(trace[:limit] if limit is not None else trace, key=lambda r: r.arrival_s)

@@ -112,6 +112,7 @@ class SimEngine:
             eagle=self.spec.eagle,
             kv_hash_algo=self.spec.kv_hash_algo,
             scheduler=self.spec.scheduler,
+            gpu_blocks=self.spec.kv.gpu_blocks,
         )
 
     # ------------------------------------------------------------------ step loop

@@ -19,8 +19,9 @@ The engine's step scheduler, replayed from a worker's estimated queue. One step:
 completes its prompt or (in a replay of the future) produces its last token: the same
 sequences take the same chunk sizes, so ``k`` such steps are computed at once, their
 prefill time by telescoping ``Σ C(p + (j+1)·c) − C(p + j·c) = C(p + k·c) − C(p)``. A
-replay thus costs O(stretches × running), whatever the prompt lengths: a 128k-token
-prompt behind 8192-token steps is one stretch, and so is a long run of decode-only steps.
+128k-token prompt behind 8192-token steps is one stretch, and so is a long run of
+decode-only steps. Decoders are kept as parallel lists (see :class:`_Scheduler`), so a
+stretch costs O(partial prefills · log running) plus a few list operations in C.
 
 **In-flight estimate.** The worker never reports prefill progress, so
 :class:`InFlightEstimate` keeps a running simulation of the engine from the requests'
@@ -379,10 +380,6 @@ class _Scheduler:
         self.dec_seqs = list(compress(self.dec_seqs, kept))
 
 
-def _not(flags: list[bool]) -> list[bool]:
-    return [not flag for flag in flags]
-
-
 _admission_order = attrgetter("order")
 
 
@@ -616,7 +613,7 @@ class InFlightEstimate:
             scheduler.dec_done = source.dec_done.copy()
             scheduler.dec_seqs = source.dec_seqs.copy()
         else:  # the estimate ran ahead of the engine: those keep their last chunk
-            prefilling += [self._unconfirmed(s) for s in compress(source.dec_seqs, _not(seen))]
+            prefilling += [self._unconfirmed(s) for s in source.dec_seqs if not s.seen]
             prefilling.sort(key=_admission_order)
             scheduler.dec_orders = list(compress(source.dec_orders, seen))
             scheduler.dec_done = list(compress(source.dec_done, seen))

@@ -49,6 +49,11 @@ from streams.records import (
 )
 
 LOWER_TIERS: tuple[Tier, ...] = ("CPU", "DISK", "SHARED")
+# A rejection that waiting cannot cure: the request's own prefill exceeds what its bound
+# leaves. Its grant carries no Retry-After and the router tells clients not to retry.
+NEVER_FITS = "prefill_exceeds_bound"
+TOO_LARGE = "prompt_exceeds_kv_capacity"  # no worker of the model can hold it at all
+NO_WORKER = "no_worker_for_model"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,11 @@ class PredictorConfig:
         default_factory=lambda: {"CPU": 2e-6, "DISK": 1e-5, "SHARED": 5e-6}
     )
     seed: int = 0
+
+
+def _fits(reg: WorkerRegistration, prompt_tokens: int) -> bool:
+    """Whether the prompt fits the worker's KV cache at all (when the worker says)."""
+    return reg.gpu_blocks is None or prompt_tokens < reg.gpu_blocks * reg.block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +180,7 @@ class Predictor:
         hits = self.index.lookup(model, list(token_ids)) if token_ids else {}
         out: list[Candidate] = []
         for wid, reg in self.workers.items():
-            if reg.model != model:
+            if reg.model != model or not _fits(reg, n):
                 continue
             hit = hits.get(wid)
             cached = min(hit.tokens, n) if hit is not None else 0
@@ -200,15 +210,19 @@ class Predictor:
         candidates = self.predict(req.model, req.token_ids, now_s, req.prompt_tokens)
         n = len(req.token_ids) or req.prompt_tokens
         if not candidates:
-            grant = self._grant(req, ts, n, None, admitted=False, reason="no_worker_for_model",
-                                retry_after_s=self.config.max_retry_after_s)  # fmt: skip
+            served = any(r.model == req.model for r in self.workers.values())
+            reason, retry = (
+                (TOO_LARGE, None) if served else (NO_WORKER, self.config.max_retry_after_s)
+            )
+            grant = self._grant(req, ts, n, None, admitted=False, reason=reason,
+                                retry_after_s=retry)  # fmt: skip
             return self._remember(req.request_id, RouteResponse(grant=grant))
         best = self._choose(req, candidates)
         admitted, reason = self._admit(req, best)
         explore = False
         retry_after = None
         if not admitted:
-            retry_after = self._retry_after(req, best)
+            retry_after = None if reason == NEVER_FITS else self._retry_after(req, best)
             if self.rng.random() < self.config.explore_fraction:
                 admitted, explore = True, True
         grant = self._grant(
@@ -268,6 +282,8 @@ class Predictor:
 
     def _admit(self, req: RouteRequest, best: Candidate) -> tuple[bool, str]:
         if req.max_queue_wait_s is not None:
+            if req.already_waited_s + best.prediction.prefill_s > req.max_queue_wait_s:
+                return False, NEVER_FITS  # even an idle worker could not: do not retry
             return self._meets(req, best), "predicted_ttft_exceeds_bound"
         return best.prediction.queue_wait_s <= self.config.overload_wait_s, "overloaded"
 

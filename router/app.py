@@ -20,6 +20,7 @@ import logging
 import math
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ from streams.records import Grant, Outcome, RouteRequest, RouteResponse
 
 log = logging.getLogger(__name__)
 STATE: web.AppKey[RouterState] = web.AppKey("state")
+NO_RETRY_AFTER_S = 300.0
+ATTEMPT_MEMORY = 100_000
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -70,6 +73,26 @@ class RouterState:
     tokenizer: SimTokenizer = field(default_factory=SimTokenizer)
     outstanding: dict[str, int] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
+    # Client request ids answered 429: (first seen, attempts). A retry is a new attempt with
+    # its own grant (``<id>~<n>``), and the time since the first try counts as waited.
+    attempts: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
+
+    def attempt(self, client_id: str | None, waited_s: float) -> tuple[str, float]:
+        if client_id is None:
+            return uuid.uuid4().hex, waited_s
+        seen = self.attempts.get(client_id)
+        if seen is None:
+            return client_id, waited_s
+        first, n = seen
+        self.attempts[client_id] = (first, n + 1)
+        return f"{client_id}~{n + 1}", max(waited_s, time.monotonic() - first)
+
+    def rejected(self, client_id: str | None) -> None:
+        if client_id is None or client_id in self.attempts:
+            return
+        self.attempts[client_id] = (time.monotonic(), 1)
+        if len(self.attempts) > ATTEMPT_MEMORY:
+            self.attempts.popitem(last=False)
 
     def models(self) -> set[str]:
         return {e.model for e in self.engines.values()}
@@ -81,6 +104,7 @@ class RouterState:
 @dataclass(frozen=True, slots=True)
 class Parsed:
     request_id: RequestId
+    client_id: str | None
     model: ModelName
     body: dict[str, Any]
     token_ids: list[int]
@@ -133,15 +157,18 @@ def parse(state: RouterState, request: web.Request, raw: bytes, chat: bool) -> P
     if prefer is None:
         prefer = request.headers.get("x-prefer-cache-hit", "").lower() in ("1", "true", "yes")
     conversation = body.pop("conversation_id", None) or request.headers.get("x-conversation-id")
+    client_id = request.headers.get("x-request-id")
+    request_id, waited_s = state.attempt(client_id, max(0.0, waited or 0.0))
     return Parsed(
-        request_id=RequestId(request.headers.get("x-request-id") or uuid.uuid4().hex),
+        request_id=RequestId(request_id),
+        client_id=client_id,
         model=ModelName(model),
         body=body,
         token_ids=_tokens(state, body, chat),
         stream=bool(body.get("stream")),
         chat=chat,
         max_queue_wait_s=bound,
-        already_waited_s=max(0.0, waited or 0.0),
+        already_waited_s=waited_s,
         workload_class=str(klass or cfg.default_workload_class),
         prefer_cache_hit=bool(prefer),
         conversation_id=str(conversation) if conversation else None,
@@ -175,11 +202,16 @@ def error_response(status: int, message: str, kind: str, code: str | None = None
 
 
 def too_many(grant: Grant) -> web.Response:
-    retry_s = max(grant.retry_after_s or 1.0, 0.001)
+    """429 with Retry-After; when waiting cannot help (no ``retry_after_s`` in the grant),
+    ``x-should-retry: false`` tells the openai and anthropic clients not to retry."""
+    never = grant.retry_after_s is None
+    retry_s = max(grant.retry_after_s or NO_RETRY_AFTER_S, 0.001)
     headers = {
         "Retry-After": str(max(1, math.ceil(retry_s))),
         "retry-after-ms": str(max(1, round(retry_s * 1000))),
     }
+    if never:
+        headers["x-should-retry"] = "false"
     message = (
         f"request {grant.request_id} cannot meet its time-to-first-token bound "
         f"({grant.reject_reason}); retry after {retry_s:.2f} s"
@@ -264,9 +296,17 @@ async def complete(request: web.Request, chat: bool) -> web.StreamResponse:
         return error_response(400, str(exc), "invalid_request_error")
     grant, url = await decide(state, p)
     state.publisher.put("grants", grant)
+    if grant.reject_reason == "prompt_exceeds_kv_capacity":
+        state.metrics.requests.labels("too_large").inc()
+        return error_response(400, f"the prompt ({len(p.token_ids)} tokens) exceeds the KV "
+                              "capacity of every worker of this model",
+                              "invalid_request_error", "context_length_exceeded")  # fmt: skip
     if not grant.admitted or url is None or grant.worker_id is None:
         state.metrics.requests.labels("rejected").inc()
+        state.rejected(p.client_id)
         return too_many(grant)
+    if p.client_id is not None:
+        state.attempts.pop(p.client_id, None)
     worker = grant.worker_id
     engine = state.engines.get(worker)
     path = "/v1/chat/completions" if chat else "/v1/completions"

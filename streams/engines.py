@@ -54,6 +54,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     kv_hash_algo: str = "sha256_cbor"
     # The engine reports usage.prompt_tokens_details.cached_tokens (and omits it on a miss).
     reports_cached_tokens: bool = True
+    gpu_blocks: int | None = None
     scheduler: SchedulerSettings = SchedulerSettings()
 
     def config_hash(self) -> str:
@@ -82,6 +83,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             ),
             eagle=self.eagle,
             has_kv_events=self.kv_events_url is not None,
+            gpu_blocks=self.gpu_blocks,
             config_hash=self.config_hash(),
             ts=time.time() if ts is None else ts,
         )

@@ -99,6 +99,8 @@ class WorkerRegistration(Record, kw_only=True, frozen=True):
     endpoints: WorkerEndpoints
     eagle: bool = False
     has_kv_events: bool = True
+    # KV cache capacity in GPU blocks, when the engine tells (vLLM: cache_config_info).
+    gpu_blocks: int | None = None
     config_hash: str
     ts: float
     removed: bool = False

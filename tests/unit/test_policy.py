@@ -111,7 +111,8 @@ def drive(policy: RoutingPolicy, ledger: FleetLedger, script: Sequence[Step]) ->
             policy.on_finished(rid, worker, 4, 0.1, at_s)
 
 
-# Every registered policy runs the contract (a predictor's policy registers on import).
+# Every registered policy runs the contract; a policy registered by another module (the
+# predictor's) joins once that module is imported above.
 each_policy = pytest.mark.parametrize("policy_name", policy_names())
 
 

@@ -200,3 +200,30 @@ def test_an_idle_worker_on_the_default_curve_gets_cold_requests_to_learn() -> No
     assert learned_is_faster.worker_id == "w1"  # idle and still learning: it takes the sample
     busy_now = p.route(_req("b", 4096), 0.0, 0.0).grant
     assert busy_now.worker_id == "w0"  # the learner is busy: back to the fastest prediction
+
+
+def test_a_worker_whose_cache_cannot_hold_the_prompt_is_not_a_candidate() -> None:
+    p = _predictor(1)
+    small = WorkerRegistration(
+        worker_id="tiny", model=MODEL, engine="vllm", engine_version="x", block_size=BLOCK,
+        endpoints=WorkerEndpoints(http_url="http://tiny"), config_hash="c", ts=0.0,
+        gpu_blocks=64,
+    )  # fmt: skip
+    p.on_registration(small)
+    g = p.route(_req("big", 64 * BLOCK + 1), 0.0, 0.0).grant
+    assert [c.worker_id for c in g.candidates] == ["w0"]
+    p.on_registration(WorkerRegistration(**{**{f: getattr(_reg("w0"), f) for f in
+                      WorkerRegistration.__struct_fields__}, "gpu_blocks": 64}))  # fmt: skip
+    g = p.route(_req("too-big", 64 * BLOCK + 1), 0.0, 0.0).grant
+    assert not g.admitted and g.reject_reason == "prompt_exceeds_kv_capacity"
+    assert g.retry_after_s is None
+    p.on_registration(small)
+    g = p.route(_req("fits", 64 * BLOCK - 1), 0.0, 0.0).grant
+    assert {c.worker_id for c in g.candidates} == {"w0", "tiny"}
+
+
+def test_a_prompt_whose_own_prefill_exceeds_the_bound_is_told_not_to_retry() -> None:
+    p = _predictor(1)
+    g = p.route(_req("huge", 60_000, max_queue_wait_s=5.0), 0.0, 0.0).grant
+    assert not g.admitted and g.reject_reason == "prefill_exceeds_bound"
+    assert g.retry_after_s is None  # waiting cannot help

@@ -1,0 +1,196 @@
+"""The router in front of a simulated fleet, with the route service on the real broker:
+the official openai client streams through it; an unmeetable bound gets a fast 429 with
+Retry-After, which the client honours when it retries; overload with tight bounds yields
+fast 429s while admitted requests mostly meet their bounds and every grant has its outcome;
+and with the Faust worker stopped the router keeps serving through its fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import openai
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from foretoken.settings import Settings
+from ops.procs import stop
+from streams.records import Grant, Outcome, decode
+from tests.integration.stack import Stack, start_stack
+
+pytestmark = pytest.mark.integration
+MODEL = "sim-small"
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = start_stack(kafka_settings, tmp_path_factory.mktemp("stack"))
+    yield s
+    s.stop_all()
+
+
+def _client(stack: Stack, retries: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.router_url + "/v1", api_key="k", max_retries=retries)
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return [(seed * 7919 + i * 31) % 30000 + 16 for i in range(n)]
+
+
+def test_streaming_and_not_through_the_router(stack: Stack) -> None:
+    c = _client(stack)
+    reply = c.completions.create(model=MODEL, prompt=_prompt(300, 1), max_tokens=3)
+    assert reply.choices[0].text and reply.usage and reply.usage.completion_tokens == 3
+    stream = c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello " * 40}], max_tokens=3,
+        stream=True,
+    )  # fmt: skip
+    pieces = [
+        ch.choices[0].delta.content for ch in stream if ch.choices and ch.choices[0].delta.content
+    ]
+    assert len(pieces) == 3
+    with pytest.raises(openai.BadRequestError, match="max_queue_wait_s"):
+        c.completions.create(model=MODEL, prompt="x", extra_body={"max_queue_wait_s": 400})
+    with pytest.raises(openai.BadRequestError, match="unknown model"):
+        c.completions.create(model="nope", prompt="x")
+
+
+def _unmeetable(stack: Stack) -> tuple[list[int], dict[str, str]]:
+    # Already waited 4.95 s of a 5 s bound: 8k tokens cannot prefill in what is left.
+    return _prompt(8_000, 2), {"x-max-queue-wait-s": "5", "x-already-waited-s": "4.95"}
+
+
+def test_an_unmeetable_bound_gets_a_fast_429_that_says_do_not_retry(stack: Stack) -> None:
+    prompt, headers = _unmeetable(stack)
+    # The server's answer time, measured with a plain HTTP client (the openai client alone
+    # spends about a second building a 60k-token request body).
+    raw = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 2}).encode()
+    req = urllib.request.Request(
+        stack.router_url + "/v1/completions", data=raw,
+        headers={"Content-Type": "application/json", **headers},
+    )  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(urllib.error.HTTPError) as plain:
+        urllib.request.urlopen(req, timeout=30)
+    assert plain.value.code == 429
+    assert time.monotonic() - started < 2.0
+    started = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as info:  # default retries: it must not retry
+        _client(stack, retries=2).completions.create(model=MODEL, prompt=prompt, max_tokens=2,
+                                                     extra_headers=headers)  # fmt: skip
+    resp = info.value.response
+    assert resp.headers["x-should-retry"] == "false"
+    assert time.monotonic() - started < 10.0  # no retry happened
+    with pytest.raises(openai.BadRequestError, match="KV capacity"):
+        _client(stack).completions.create(model=MODEL, prompt=_prompt(60_000, 3), max_tokens=2)
+    assert int(resp.headers["retry-after"]) >= 1 and int(resp.headers["retry-after-ms"]) > 0
+    body = resp.json()["error"]
+    assert body["type"] == "rate_limit_exceeded" and body["code"] == "ttft_bound_exceeded"
+
+
+def test_default_retries_honour_retry_after(stack: Stack) -> None:
+    """Queue work ahead, then ask with a bound the queue breaks: the client retries after the
+    advised delay, and each retry is a new attempt whose waited time counts."""
+    flood = concurrent.futures.ThreadPoolExecutor(max_workers=24)
+    for i in range(24):  # small enough for every worker (small-offload holds 8k tokens)
+        body = json.dumps({"model": MODEL, "prompt": _prompt(7_000, 500 + i), "max_tokens": 2})
+        req = urllib.request.Request(stack.router_url + "/v1/completions", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        flood.submit(urllib.request.urlopen, req, timeout=120)
+    time.sleep(0.5)  # the flood is routed
+    rid = f"retry-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(openai.RateLimitError):
+        _client(stack, retries=2).completions.create(
+            model=MODEL, prompt=_prompt(500, 9), max_tokens=2,
+            extra_headers={"x-max-queue-wait-s": "5", "x-already-waited-s": "4.5",
+                           "x-request-id": rid},
+        )  # fmt: skip
+    flood.shutdown(wait=True)
+    grants, _ = asyncio.run(_collect(stack.worker.settings, {rid, f"{rid}~2"}, 30.0))
+    first, second = grants[rid], grants[f"{rid}~2"]
+    assert first.retry_after_s is not None and not first.admitted
+    assert second.ts - first.ts >= 0.9 * first.retry_after_s  # the client waited as told
+    assert second.already_waited_s >= first.retry_after_s * 0.9  # and that wait counts
+
+
+async def _collect(settings: Settings, ids: set[str], timeout_s: float) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    consumer = AIOKafkaConsumer(
+        settings.topic("grants"), settings.topic("outcomes"),
+        bootstrap_servers=settings.kafka.bootstrap_servers, auto_offset_reset="earliest",
+        group_id=f"t-{uuid.uuid4().hex[:6]}",
+    )  # fmt: skip
+    await consumer.start()
+    grants: dict[str, Grant] = {}
+    outcomes: dict[str, list[Outcome]] = {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
+                for m in msgs:
+                    if tp.topic == settings.topic("grants"):
+                        g = decode(m.value, Grant)
+                        grants[g.request_id] = g
+                    else:
+                        o = decode(m.value, Outcome)
+                        outcomes.setdefault(o.request_id, []).append(o)
+            admitted = {r for r in ids if r in grants and grants[r].admitted}
+            done = all(any(o.kind == "completion" for o in outcomes.get(r, [])) for r in admitted)
+            if ids <= set(grants) and done:
+                break
+    finally:
+        await consumer.stop()
+    return grants, outcomes
+
+
+def test_overload_with_tight_bounds(stack: Stack) -> None:
+    ids = [f"ov-{uuid.uuid4().hex[:8]}" for _ in range(60)]
+    client = _client(stack)
+
+    def one(i: int) -> tuple[str, float, int]:
+        started = time.monotonic()
+        try:
+            client.completions.create(
+                model=MODEL, prompt=_prompt(12_000, 100 + i), max_tokens=2,
+                extra_headers={"x-max-queue-wait-s": "5", "x-request-id": ids[i]},
+            )  # fmt: skip
+            return ids[i], time.monotonic() - started, 200
+        except openai.RateLimitError:
+            return ids[i], time.monotonic() - started, 429
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=30) as pool:
+        results = list(pool.map(one, range(len(ids))))
+    rejected = [r for r in results if r[2] == 429]
+    served = [r for r in results if r[2] == 200]
+    assert rejected, "no 429 under overload"
+    served_times = sorted(t for _, t, s in results if s == 200)
+    rejected_times = sorted(t for _, t, _ in rejected)
+    if served_times:  # a 429 is answered faster than a request that is served
+        assert rejected_times[len(rejected_times) // 2] < served_times[len(served_times) // 2]
+    grants, outcomes = asyncio.run(_collect(stack.worker.settings, set(ids), 60.0))
+    assert set(ids) <= set(grants)
+    for rid, _, status in results:
+        assert grants[rid].admitted == (status == 200)
+        if status == 200:
+            kinds = {o.kind for o in outcomes[rid]}
+            assert kinds == {"first_token", "completion"}, rid
+    ttfts = [
+        next(o.actual_ttft_s for o in outcomes[r] if o.kind == "first_token") for r, _, s in served
+    ]
+    met = sum(1 for t in ttfts if t is not None and t <= 5.0)
+    assert met >= 0.9 * len(served), f"only {met}/{len(served)} admitted requests met 5 s"
+
+
+def test_with_the_worker_stopped_the_router_falls_back(stack: Stack) -> None:
+    assert stack.worker_proc is not None
+    stop(stack.worker_proc)
+    reply = _client(stack).completions.create(model=MODEL, prompt=_prompt(500, 3), max_tokens=2)
+    assert reply.choices[0].text
+    with urllib.request.urlopen(stack.router_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert "foretoken_router_fallbacks_total{" in text
