@@ -185,6 +185,67 @@ def bench_index(quick: bool = typer.Option(False, help="Small sizes, for a smoke
 
 
 @app.command()
+def replay(
+    trace: str = typer.Option("mooncake", help="mooncake, azure-conv, azure-code, or a file."),
+    fleet: str = typer.Option("hetero", help="Fleet file or shipped fleet name."),
+    policy: str = typer.Option("round-robin", help="Routing policy (see --help of the docs)."),
+    speedup: float | None = typer.Option(None, help="Replay this many times faster."),
+    capacity_factor: float | None = typer.Option(
+        None, help="Speed up to this multiple of the fleet's estimated capacity."
+    ),
+    limit: int | None = typer.Option(None, help="Only the first N requests."),
+    bounds: str | None = typer.Option(None, help='max_queue_wait_s mix, e.g. "5:0.3,30:0.7".'),
+    out: str | None = typer.Option(None, help="Append the graded records to this lake."),
+    seed: int = typer.Option(0),
+    progress: bool = typer.Option(True),
+) -> None:
+    """Replay a trace on a simulated fleet in virtual time; summary as JSON."""
+    from fleet.commands import dumps, replay_command
+
+    try:
+        summary = replay_command(
+            trace=trace, fleet=fleet, policy=policy, speedup=speedup,
+            capacity_factor=capacity_factor, limit=limit, bounds=bounds, out=out, seed=seed,
+            progress=progress,
+        )  # fmt: skip
+    except (ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    print(dumps(summary))
+
+
+@app.command()
+def load(
+    url: str = typer.Option(..., help="OpenAI-compatible base URL (router or engine)."),
+    model: str = typer.Option(..., help="Model name to ask for."),
+    trace: str = typer.Option("mooncake", help="mooncake, azure-conv, azure-code, or a file."),
+    limit: int | None = typer.Option(None, help="Only the first N requests."),
+    speedup: float = typer.Option(1.0, help="Replay arrivals this many times faster."),
+    bounds: str | None = typer.Option(None, help='max_queue_wait_s mix, e.g. "5:0.3,30:0.7".'),
+    concurrency: int = typer.Option(256, help="Most requests in flight."),
+    timeout_s: float = typer.Option(600.0, help="Per-request timeout."),
+    max_output_tokens: int | None = typer.Option(None, help="Cap output tokens."),
+    duration_s: float | None = typer.Option(None, help="Stop sending after this long."),
+    out: str | None = typer.Option(None, help="Client-side results to this Parquet file."),
+    seed: int = typer.Option(0),
+    progress: bool = typer.Option(True),
+) -> None:
+    """Replay a trace's arrivals against any OpenAI-compatible endpoint; results as JSON."""
+    from fleet.commands import dumps, load_command
+
+    try:
+        summary = load_command(
+            url=url, model=model, trace=trace, limit=limit, speedup=speedup, bounds=bounds,
+            concurrency=concurrency, timeout_s=timeout_s, max_output_tokens=max_output_tokens,
+            duration_s=duration_s, out=out, seed=seed, progress=progress,
+        )  # fmt: skip
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    print(dumps(summary))
+
+
+@app.command()
 def demo(
     config: str | None = ConfigOpt,
     keep: bool = typer.Option(False, help="Leave the broker and worker running afterwards."),

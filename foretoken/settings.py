@@ -77,6 +77,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Fallback policy: answer 429 when every worker has this many prompt tokens outstanding.
     fallback_overload_tokens: int = 2_000_000
     fallback_retry_after_s: float = 1.0
+    # model -> path of a Hugging Face tokenizer.json; other models use the built-in one.
+    tokenizers: dict[str, str] = {}
 
 
 class Settings(msgspec.Struct, kw_only=True, frozen=True):

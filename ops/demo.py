@@ -1,26 +1,46 @@
-"""``make demo``: broker, topics, the Faust worker, a sample of every record, and what the
-worker made of them. Later issues grow this into the full story (fleet, router, lake)."""
+"""``make demo``: the whole live pipeline on this machine.
+
+Kafka (KRaft, local) → the Faust worker (index, fits, queues, route service, grading join)
+→ a simulated fleet (``demo.toml``: engines with hidden true costs, vLLM-format KV events)
+→ ingest → the router; then a stretch of the Mooncake trace through the router at a load
+near the fleet's capacity, with a mix of TTFT bounds. It prints what the client saw, what
+the predictor learned (fitted curves next to the simulator's hidden truth, which only the
+demo reads, for comparison), and the grades of every request.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from foretoken.settings import Settings
+from fleet.load import run_load
+from fleet.spec import load_fleet
+from fleet.traces import BoundMix, load_mooncake
+from foretoken.settings import Settings, load_settings
 from ops import kafka_local
-from ops.procs import foretoken_cmd, spawn, stop, wait_http
-from streams.produce import RecordProducer
-from streams.sample import sample_records
+from ops.procs import foretoken_cmd, get_json, spawn, stop, wait_http
 from streams.topics import ensure_topics
 
-WORKER_START_S = 120.0
-CONSUME_WAIT_S = 60.0
-MALFORMED = b'{"request_id": 42, "this is": "not a grant"'
+START_S = 120.0
+RUN_DIR = Path(".run/demo")
+FLEET = "demo"
+MODEL = "sim-demo"
+ROUTER_PORT = 8000  # a free port is used instead when this one is taken
+# A warm-up at the trace's own pace (idle moments give the fits their prefill samples: a
+# sample needs a request alone on its worker), then a stretch at twice the pace.
+WARMUP_SECONDS = 45.0
+TRACE_SPEEDUP = 2.0
+TRACE_SECONDS = 150.0  # of trace time after the warm-up, i.e. 75 s of wall time at 2x
+BOUNDS = "10:0.3,30:0.4,none:0.3"
+GRADED_WAIT_S = 30.0
 
 console = Console()
 
@@ -29,61 +49,156 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
     console.rule("[bold]foretoken demo")
     st, started_broker = kafka_local.up(settings)
     console.print(f"broker: {st.describe()}")
-    created = asyncio.run(ensure_topics(settings))
-    console.print(f"topics: {len(settings.all_topics())} ready ({len(created)} created now)")
-    web = f"http://{settings.worker.web_host}:{settings.worker.web_port}"
-    worker = spawn(foretoken_cmd("worker"), {}, Path(".run/demo-worker.log"))
+    prefix = f"demo{uuid.uuid4().hex[:4]}-"
+    env = {"FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}",
+           "FORETOKEN_WORKER_DATA_DIR": str(RUN_DIR / "worker")}  # fmt: skip
+    base = load_settings(env={**_os_env(), **env})
+    if _busy(base.worker.web_host, base.worker.web_port):  # another worker runs: use a free port
+        env["FORETOKEN_WEB_PORT"] = str(_free_port(base.worker.web_host))
+    demo_settings = load_settings(env={**_os_env(), **env})
+    asyncio.run(ensure_topics(demo_settings))
+    console.print(f"topics: {', '.join(demo_settings.all_topics().values())}")
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        wait_http(f"{web}/healthz", WORKER_START_S, worker)
-        console.print(f"worker: up, {web}/metrics")
-        run = f"demo-{uuid.uuid4().hex[:6]}"
-        records = sample_records(3, run)
-        asyncio.run(_produce(settings, records))
-        expected = _expected_counts(records)
-        console.print(f"produced {len(records)} records and 1 malformed grant")
-        stats = _wait_consumed(f"{web}/v1/stats", expected)
-        _show(stats, expected)
-        console.print(f"Prometheus metrics: {web}/metrics")
+        urls = _start(demo_settings, env, procs)
+        summary = _drive(urls["router"])
+        _show_client(summary)
+        _show_fits(urls["worker"])
+        _show_grades(demo_settings)
+        console.print(f"\nrouter: {urls['router']}/v1  ·  worker: {urls['worker']}/metrics  ·  "
+                      f"logs: {RUN_DIR}/")  # fmt: skip
+        if keep:
+            console.print("[bold]--keep[/bold]: everything keeps running; Ctrl-C to stop.")
+            while True:
+                time.sleep(3600)
         return 0
+    except KeyboardInterrupt:
+        return 130
     finally:
-        if not keep:
-            stop(worker)
-            if started_broker:
-                kafka_local.down(settings)
+        for proc in reversed(list(procs.values())):
+            stop(proc)
+        if started_broker:
+            kafka_local.down(settings)
 
 
-async def _produce(settings: Settings, records: list) -> None:
-    async with RecordProducer(settings) as producer:
-        await producer.send_all(records)
-        await producer.send_raw("grants", MALFORMED, key=b"bad")
-        await producer.flush()
+def _busy(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex((host, port)) == 0
 
 
-def _expected_counts(records: list) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for logical, _ in records:
-        counts[logical] = counts.get(logical, 0) + 1
-    return counts
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
-def _wait_consumed(url: str, expected: dict[str, int]) -> dict:
-    deadline = time.monotonic() + CONSUME_WAIT_S
-    stats = wait_http(url, CONSUME_WAIT_S)
+def _os_env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+def _start(settings: Settings, env: dict[str, str], procs: dict[str, Any]) -> dict[str, str]:
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    worker_url = f"http://{settings.worker.web_host}:{settings.worker.web_port}"
+    procs["worker"] = spawn(foretoken_cmd("worker"), env, RUN_DIR / "worker.log")
+    wait_http(f"{worker_url}/healthz", START_S, procs["worker"])
+    console.print(f"worker: up at {worker_url}")
+    engines = RUN_DIR / "engines.toml"
+    engines.unlink(missing_ok=True)
+    procs["fleet"] = spawn(foretoken_cmd("fleet", "run", FLEET, "--engines-out", str(engines)),
+                           env, RUN_DIR / "fleet.log")  # fmt: skip
+    deadline = time.monotonic() + START_S
+    while not engines.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    console.print(f"fleet: {len(load_fleet(FLEET).engines)} simulated engines ({FLEET}.toml)")
+    procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines)), env,
+                            RUN_DIR / "ingest.log")  # fmt: skip
+    router_env = {**env, "FORETOKEN_ROUTE_URL": worker_url}
+    port = _free_port("127.0.0.1") if _busy("127.0.0.1", ROUTER_PORT) else ROUTER_PORT
+    router_cmd = foretoken_cmd("router", "-e", str(engines), "--port", str(port))
+    procs["router"] = spawn(router_cmd, router_env, RUN_DIR / "router.log")
+    router_url = f"http://127.0.0.1:{port}"
+    wait_http(f"{router_url}/healthz", START_S, procs["router"])
+    n = len(load_fleet(FLEET).engines)
     while time.monotonic() < deadline:
-        stats = wait_http(url, CONSUME_WAIT_S)
-        consumed = stats["consumed"]
-        if all(consumed.get(k, 0) >= v for k, v in expected.items()) and stats["dead_lettered"]:
+        if len(get_json(f"{worker_url}/v1/cache/{MODEL}")["workers"]) == n:
             break
-        time.sleep(0.5)
-    return dict(stats)
+        time.sleep(0.3)
+    console.print(f"ingest and router: up; the route service knows all {n} engines")
+    return {"worker": worker_url, "router": router_url}
 
 
-def _show(stats: dict, expected: dict[str, int]) -> None:
-    table = Table(title="what the Faust worker consumed")
-    table.add_column("topic")
-    table.add_column("sent", justify="right")
-    table.add_column("consumed", justify="right")
-    for logical, sent in expected.items():
-        table.add_row(logical, str(sent), str(stats["consumed"].get(logical, 0)))
+def _drive(router_url: str) -> Any:
+    full = load_mooncake()
+    warm = [r for r in full if r.arrival_s < WARMUP_SECONDS]
+    console.rule(f"warm-up: {len(warm)} Mooncake requests at 1x")
+    run_load(router_url, MODEL, warm, concurrency=256, timeout_s=300.0, max_output_tokens=16)
+    end_s = WARMUP_SECONDS + TRACE_SECONDS
+    rest = [r for r in load_mooncake(speedup=TRACE_SPEEDUP)
+            if WARMUP_SECONDS <= r.arrival_s * TRACE_SPEEDUP < end_s]  # fmt: skip
+    shift = min(r.arrival_s for r in rest)
+    rest = [dataclasses.replace(r, arrival_s=r.arrival_s - shift) for r in rest]
+    rest = BoundMix.parse(BOUNDS).assign(rest, seed=0)
+    console.rule(f"{len(rest)} Mooncake requests at {TRACE_SPEEDUP}x, bounds {BOUNDS}")
+    return run_load(router_url, MODEL, rest, concurrency=256, timeout_s=300.0,
+                    max_output_tokens=16)  # fmt: skip
+
+
+def _show_client(summary: Any) -> None:
+    c = summary.counts()
+    table = Table(title="what the client saw (through the router)")
+    for col in ("sent", "ok", "429", "failed", "TTFT p50", "TTFT p95", "TTFT p99"):
+        table.add_column(col, justify="right")
+    table.add_row(str(c["sent"]), str(c["ok"]), str(c["rejected"]), str(c["failed"]),
+                  *(f"{c[k]:.2f} s" if c.get(k) is not None else "-"
+                    for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s")))  # fmt: skip
     console.print(table)
-    console.print(f"dead-lettered: {stats['dead_lettered']}")
+
+
+def _show_fits(worker_url: str) -> None:
+    fleet = {e.id: e.truth for e in load_fleet(FLEET).engines}
+    table = Table(title="prefill curves: learned online vs the simulator's hidden truth")
+    for col in ("worker", "samples", "C(8k) fit", "C(8k) true", "C(32k) fit", "C(32k) true"):
+        table.add_column(col, justify="right")
+    for fit in get_json(f"{worker_url}/v1/fits")["fits"]:
+        if not fit["current"]:
+            continue
+        truth = fleet.get(fit["worker_id"])
+        row = [fit["worker_id"], f"{fit['samples']}{' (default)' if fit['default'] else ''}"]
+        for n in (8192, 32768):
+            row.append(f"{fit['a'] * n + fit['b'] * n * n:.2f} s")
+            row.append(f"{truth.prefill_s(n):.2f} s" if truth else "-")
+        table.add_row(*row)
+    console.print(table)
+
+
+def _show_grades(settings: Settings) -> None:
+    from streams.graded_reader import read_graded, summarize
+
+    graded = asyncio.run(read_graded(settings, GRADED_WAIT_S))
+    s = summarize(graded)
+    table = Table(title="grades (PRODUCT.md §4), from the graded topic")
+    for col in (
+        "graded",
+        "served",
+        "rejected",
+        "within 1 s",
+        "within 10 s",
+        "|err| p95",
+        "disagreement",
+        "underpredicted",
+    ):
+        table.add_column(col, justify="right")
+    table.add_row(str(s["graded"]), str(s["served"]), str(s["rejected"]),
+                  _pct(s["within_1s"]), _pct(s["within_10s"]), f"{s['abs_error_p95_s']:.2f} s",
+                  _pct(s["disagreement"]), str(s["underpredicted"]))  # fmt: skip
+    console.print(table)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"

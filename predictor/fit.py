@@ -34,8 +34,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from foretoken.ids import WorkerId
-from streams.records import FitUsed, Graded, WorkerRegistration
+from streams.records import FitUsed
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -311,7 +310,7 @@ class FitState(msgspec.Struct, array_like=True, frozen=True):
     """One online fit's snapshot: its window oldest first as (x, y, ts), its counters and
     its current solution (restored as is: a restored fit answers exactly as before)."""
 
-    samples: list[tuple[float, float, float]]
+    samples: list[tuple[float, float, float, float]]  # (x, y, ts, cached)
     observed: int
     version: int
     pending: int
@@ -335,6 +334,7 @@ class _OnlineFit(Generic[V]):
         self._robust, self._default = robust, default
         self._x, self._y = np.zeros(robust.window), np.zeros(robust.window)
         self._ts, self._seq = np.zeros(robust.window), np.zeros(robust.window)
+        self._c = np.zeros(robust.window)  # cached part of x (prefill samples with a hit)
         self.samples = 0  # in the window
         self.observed = 0  # accepted since this fit started
         self._pushed = 0  # the sequence number of the next sample (ages count in these)
@@ -358,10 +358,10 @@ class _OnlineFit(Generic[V]):
         self._refit()
         return self.value
 
-    def _add(self, x: float, y: float, ts: float) -> bool:
+    def _add(self, x: float, y: float, ts: float, c: float = 0.0) -> bool:
         if not (_positive_finite(y) and math.isfinite(x) and math.isfinite(ts)):
             return False
-        self._push(x, y, ts)
+        self._push(x, y, ts, c)
         self.observed += 1
         self._pending += 1
         self._value = None
@@ -370,9 +370,10 @@ class _OnlineFit(Generic[V]):
             self._refit()
         return True
 
-    def _push(self, x: float, y: float, ts: float) -> None:
+    def _push(self, x: float, y: float, ts: float, c: float = 0.0) -> None:
         slot = self._pushed % len(self._x)
         self._x[slot], self._y[slot], self._ts[slot], self._seq[slot] = x, y, ts, self._pushed
+        self._c[slot] = c
         self._pushed += 1
         self.samples = min(self.samples + 1, len(self._x))
 
@@ -387,7 +388,7 @@ class _OnlineFit(Generic[V]):
             log2_weight -= (seq.max() - seq) / cfg.half_life_samples
         if cfg.half_life_s is not None:
             log2_weight -= (ts.max() - ts) / cfg.half_life_s
-        x0, x1 = self._columns(self._x[:n])
+        x0, x1 = self._columns(self._x[:n], self._c[:n])
         solution = _fit_robust(x0, x1, self._y[:n], np.exp2(log2_weight), cfg)
         if solution is not None:
             self._solution = solution
@@ -402,19 +403,22 @@ class _OnlineFit(Generic[V]):
     def _spread_ok(self, lowest: float, highest: float) -> bool:
         raise NotImplementedError
 
-    def _columns(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def _columns(self, x: FloatArray, c: FloatArray) -> tuple[FloatArray, FloatArray]:
         raise NotImplementedError
 
     def state(self) -> FitState:
         order = np.argsort(self._seq[: self.samples], kind="stable")
-        rows = [(float(self._x[i]), float(self._y[i]), float(self._ts[i])) for i in order]
+        rows = [
+            (float(self._x[i]), float(self._y[i]), float(self._ts[i]), float(self._c[i]))
+            for i in order
+        ]
         return FitState(rows, self.observed, self._version, self._pending, self._solution)
 
     def load_state(self, state: FitState) -> None:
         """Take a snapshot's samples, counters and solution into this (fresh) fit."""
         rows = state.samples[-len(self._x) :]
-        for x, y, ts in rows:
-            self._push(x, y, ts)
+        for x, y, ts, c in rows:
+            self._push(x, y, ts, c)
         self.observed = max(state.observed, len(rows))
         self._version, self._pending = state.version, state.pending
         self._solution, self._value = state.solution, None
@@ -437,9 +441,17 @@ class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
         super().__init__(config.prefill, (config.default_a, config.default_b))
         self.config = config
 
-    def observe(self, n_tokens: int, seconds: float, ts: float) -> bool:
-        """Add one cold sample; False (ignored) unless n_tokens and seconds are > 0."""
-        return n_tokens > 0 and self._add(float(n_tokens), seconds, ts)
+    def observe(self, n_tokens: int, seconds: float, ts: float, cached_tokens: int = 0) -> bool:
+        """Add one prefill sample: a prompt of ``n_tokens`` of which the engine reused
+        ``cached_tokens``, alone on the worker, so seconds ≈ C(N) − C(cached) (new tokens
+        attend to the cached context: the regressors are N − c and N² − c², which is the
+        cold case when c = 0). False (ignored) unless the uncached part and seconds are > 0."""
+        fresh = n_tokens - cached_tokens
+        return (
+            fresh > 0
+            and cached_tokens >= 0
+            and self._add(float(n_tokens), seconds, ts, float(cached_tokens))
+        )
 
     @property
     def curve(self) -> PrefillCurve:
@@ -448,8 +460,8 @@ class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
     def _spread_ok(self, lowest: float, highest: float) -> bool:
         return highest >= self.config.min_spread * lowest
 
-    def _columns(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-        return x, x * x
+    def _columns(self, x: FloatArray, c: FloatArray) -> tuple[FloatArray, FloatArray]:
+        return x - c, x * x - c * c
 
 
 class StepCostFit(_OnlineFit[StepCost]):
@@ -480,216 +492,5 @@ class StepCostFit(_OnlineFit[StepCost]):
     def _spread_ok(self, lowest: float, highest: float) -> bool:
         return highest - lowest >= self.config.min_running_span
 
-    def _columns(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def _columns(self, x: FloatArray, c: FloatArray) -> tuple[FloatArray, FloatArray]:
         return np.ones_like(x), x
-
-
-# --------------------------------------------------------------------------- sample selection
-
-
-def time_per_output_token_s(
-    e2e_s: float | None,
-    ttft_s: float | None,
-    output_tokens: int | None,
-    min_output_tokens: int = MIN_DECODE_OUTPUT_TOKENS,
-) -> float | None:
-    """``(e2e − ttft) / (output_tokens − 1)``, or None when that is not a usable TPOT."""
-    if e2e_s is None or ttft_s is None or output_tokens is None:
-        return None
-    if output_tokens < max(min_output_tokens, 2) or not _positive_finite(e2e_s - ttft_s):
-        return None
-    return (e2e_s - ttft_s) / (output_tokens - 1)
-
-
-def select_cold_sample(
-    graded: Graded,
-    *,
-    others_running: bool,
-    min_prompt_tokens: int = MIN_COLD_PROMPT_TOKENS,
-    trust_index_when_engine_silent: bool = False,
-) -> bool:
-    """Whether a graded request is a cold prefill sample (its TTFT ≈ C(prompt_tokens)).
-
-    True iff it was served (admitted, on a worker, a finite TTFT > 0); the engine reported
-    ``engine_cached_tokens == 0`` — a known zero: None means the engine did not say, and a
-    hit we cannot see would make the sample look fast; nothing else ran on that worker
-    between grant and first token (``others_running``, from the caller's queue model) and
-    the predictor saw no queue ahead (``queue_tokens_ahead == 0``); and the prompt has at
-    least ``min_prompt_tokens`` tokens (below that, fixed latency dominates). Explore and
-    fallback grants are accepted: they change which worker served, not what was measured.
-
-    ``trust_index_when_engine_silent``: vLLM omits the field on a miss; for engines that
-    never say, accept a None when the index credited nothing and its view was exact.
-    """
-    if graded.status != "served" or not graded.admitted or graded.worker_id is None:
-        return False
-    ttft = graded.actual_ttft_s
-    if ttft is None or not _positive_finite(ttft) or graded.prompt_tokens < min_prompt_tokens:
-        return False
-    if others_running or graded.queue_tokens_ahead > 0:
-        return False
-    if graded.engine_cached_tokens is None:
-        return (
-            trust_index_when_engine_silent
-            and graded.credited_cached_tokens == 0
-            and not graded.approximate_cache
-        )
-    return graded.engine_cached_tokens == 0
-
-
-# --------------------------------------------------------------------------- registry
-
-
-@dataclass(slots=True)
-class WorkerFits:
-    """The fits of one (worker, configuration)."""
-
-    prefill: OnlinePrefillFit
-    step: StepCostFit
-    introduced: int  # the registry's clock when this configuration was first seen
-
-
-class _EntryState(msgspec.Struct, frozen=True):
-    worker_id: str
-    config_hash: str
-    introduced: int
-    prefill: FitState
-    step: FitState
-
-
-class RegistrySnapshot(msgspec.Struct, frozen=True):
-    version: int
-    clock: int
-    current: dict[str, str]
-    registered: list[str]
-    entries: list[_EntryState]
-
-
-_CURVE_COLUMNS: Final = ("a", "b", "samples", "version", "default", "stderr_a", "stderr_b")
-_STEP_COLUMNS: Final = ("overhead_s", "per_seq_s", "stderr_overhead_s", "stderr_per_seq_s")
-
-
-class FitRegistry:
-    """One :class:`OnlinePrefillFit` and :class:`StepCostFit` per ``(worker_id, config_hash)``.
-
-    A worker's *current* configuration is the one its latest registration names
-    (:meth:`apply_registration`); for a worker never registered, the newest configuration
-    seen in its samples. A new configuration starts fresh fits; older ones stay under their
-    own key (up to ``max_configs_per_worker``), so a late sample from before a restart lands
-    in its own configuration's fit, and a revert resumes the old fit.
-    """
-
-    def __init__(self, config: FitConfig = FitConfig()) -> None:
-        self.config = config
-        self._fits: dict[tuple[WorkerId, str], WorkerFits] = {}
-        self._current: dict[WorkerId, str] = {}
-        self._registered: set[WorkerId] = set()
-        self._clock = 0
-        self._default_curve = OnlinePrefillFit(config).curve
-        self._default_step = StepCostFit(config).cost
-
-    def apply_registration(self, registration: WorkerRegistration) -> None:
-        """A registration sets the worker's current configuration; ``removed`` forgets it."""
-        worker = registration.worker_id
-        if registration.removed:
-            for key in [key for key in self._fits if key[0] == worker]:
-                del self._fits[key]
-            self._current.pop(worker, None)
-            self._registered.discard(worker)
-            return
-        self._registered.add(worker)
-        self._current[worker] = registration.config_hash
-        self._entry(worker, registration.config_hash)
-
-    def observe_cold(
-        self, worker_id: WorkerId, config_hash: str, n_tokens: int, seconds: float, ts: float
-    ) -> bool:
-        """A cold prefill sample (:func:`select_cold_sample`); False if it was ignored."""
-        return self._for_sample(worker_id, config_hash).prefill.observe(n_tokens, seconds, ts)
-
-    def observe_decode(
-        self, worker_id: WorkerId, config_hash: str, tpot_s: float, mean_running: float, ts: float
-    ) -> bool:
-        """A decode sample (:class:`StepCostFit`); False if it was ignored."""
-        return self._for_sample(worker_id, config_hash).step.observe(tpot_s, mean_running, ts)
-
-    def _for_sample(self, worker: WorkerId, config_hash: str) -> WorkerFits:
-        new = (worker, config_hash) not in self._fits
-        if worker not in self._registered and (new or worker not in self._current):
-            self._current[worker] = config_hash
-        return self._entry(worker, config_hash)
-
-    def _entry(self, worker: WorkerId, config_hash: str) -> WorkerFits:
-        fits = self._fits.get((worker, config_hash))
-        if fits is None:
-            cfg = self.config
-            fits = WorkerFits(OnlinePrefillFit(cfg), StepCostFit(cfg), self._clock)
-            self._clock += 1
-            self._fits[(worker, config_hash)] = fits
-            mine = sorted(
-                (f.introduced, key[1]) for key, f in self._fits.items() if key[0] == worker
-            )
-            keep = {config_hash, self._current.get(worker)}
-            excess = len(mine) - self.config.max_configs_per_worker
-            for old in [h for _, h in mine if h not in keep][: max(excess, 0)]:
-                del self._fits[(worker, old)]
-        return fits
-
-    def config_hash(self, worker_id: WorkerId) -> str | None:
-        return self._current.get(worker_id)
-
-    def fits(self, worker_id: WorkerId, config_hash: str | None = None) -> WorkerFits | None:
-        """A configuration's fits (by default the worker's current one); None if unknown."""
-        key = config_hash if config_hash is not None else self._current.get(worker_id)
-        return None if key is None else self._fits.get((worker_id, key))
-
-    def curve(self, worker_id: WorkerId) -> PrefillCurve:
-        """The worker's current prefill curve (the default for a worker not seen yet)."""
-        fits = self.fits(worker_id)
-        return self._default_curve if fits is None else fits.prefill.curve
-
-    def step_cost(self, worker_id: WorkerId) -> StepCost:
-        fits = self.fits(worker_id)
-        return self._default_step if fits is None else fits.step.cost
-
-    def describe(self) -> list[dict[str, object]]:
-        """One row per (worker, configuration), newest configuration first, for a web page."""
-        rows: list[dict[str, object]] = []
-        ordered = sorted(self._fits.items(), key=lambda kv: (kv[0][0], -kv[1].introduced))
-        for (worker, config_hash), fits in ordered:
-            curve, step = fits.prefill.curve, fits.step.cost
-            current = self._current.get(worker) == config_hash
-            row: dict[str, object] = {"worker_id": worker, "config_hash": config_hash}
-            row |= {"current": current, "observed": fits.prefill.observed}
-            row |= {name: getattr(curve, name) for name in _CURVE_COLUMNS}
-            row |= {name: getattr(step, name) for name in _STEP_COLUMNS}
-            row |= {"step_samples": step.samples, "step_default": step.default}
-            rows.append(row)
-        return rows
-
-    def snapshot(self) -> bytes:
-        """Everything needed to rebuild the fits (their sample windows), as msgpack."""
-        entries = [
-            _EntryState(worker, config_hash, f.introduced, f.prefill.state(), f.step.state())
-            for (worker, config_hash), f in self._fits.items()
-        ]
-        current = {str(worker): config_hash for worker, config_hash in self._current.items()}
-        snap = RegistrySnapshot(
-            SNAPSHOT_VERSION, self._clock, current, sorted(self._registered), entries
-        )
-        return msgspec.msgpack.encode(snap)
-
-    def restore(self, data: bytes) -> None:
-        """Replace this registry's state with a snapshot's (refitting the stored windows)."""
-        snap = msgspec.msgpack.decode(data, type=RegistrySnapshot)
-        if snap.version != SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported fit snapshot version {snap.version}")
-        self._fits = {}
-        for e in snap.entries:
-            fits = WorkerFits(OnlinePrefillFit(self.config), StepCostFit(self.config), e.introduced)
-            fits.prefill.load_state(e.prefill)
-            fits.step.load_state(e.step)
-            self._fits[(WorkerId(e.worker_id), e.config_hash)] = fits
-        self._current = {WorkerId(w): h for w, h in snap.current.items()}
-        self._registered = {WorkerId(w) for w in snap.registered}
-        self._clock = snap.clock

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from foretoken.ids import ModelName, RequestId, WorkerId
-from predictor.fit import FitRegistry, select_cold_sample, time_per_output_token_s
+from predictor.fit_registry import FitRegistry, prefill_sample_cached, time_per_output_token_s
 from predictor.index import PrefixIndex
 from predictor.queue import WorkerQueue
 from predictor.replay import CurveStepCost, NewRequest
@@ -54,6 +54,7 @@ LOWER_TIERS: tuple[Tier, ...] = ("CPU", "DISK", "SHARED")
 NEVER_FITS = "prefill_exceeds_bound"
 TOO_LARGE = "prompt_exceeds_kv_capacity"  # no worker of the model can hold it at all
 NO_WORKER = "no_worker_for_model"
+LEARNER_MAX_CACHED_SHARE = 2  # the learner rule stands aside when > 1/2 is cached elsewhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +153,13 @@ class Predictor:
             return False
         reg = self.workers[wid]
         # The router turns an omitted cached-token field into 0 for engines that report it,
-        # so "unknown" here really is unknown: such requests are not cold samples.
-        if not select_cold_sample(graded, others_running=not alone):
+        # so "unknown" here really is unknown: such requests are not samples.
+        cached = prefill_sample_cached(graded, others_running=not alone)
+        if cached is None:
             return False
         assert graded.actual_ttft_s is not None
         self.fits.observe_cold(wid, reg.config_hash, graded.prompt_tokens,
-                               graded.actual_ttft_s, now_s)  # fmt: skip
+                               graded.actual_ttft_s, now_s, cached)  # fmt: skip
         return True
 
     def maintain(self, now_s: float) -> None:
@@ -263,10 +265,13 @@ class Predictor:
         return best
 
     def _learner(self, req: RouteRequest, candidates: list[Candidate]) -> Candidate | None:
-        """An idle worker still on the default curve takes a request that is cold everywhere:
-        the default is deliberately pessimistic, so without this such a worker would never
-        be chosen and never learn its curve (its first samples are cheap: it is idle)."""
-        if any(c.cached_tokens for c in candidates):
+        """An idle worker still on the default curve takes the request (if it meets its
+        bound there): the default is deliberately pessimistic, so without this such a worker
+        would never be chosen and never learn its curve (its first samples are cheap: it is
+        idle, and a prefill sample needs an idle worker). Not when most of the prompt is
+        cached somewhere: throwing a large hit away costs more than the sample is worth."""
+        n = len(req.token_ids) or req.prompt_tokens
+        if any(c.cached_tokens * LEARNER_MAX_CACHED_SHARE > n for c in candidates):
             return None
         for c in candidates:
             wid = c.prediction.worker_id

@@ -29,11 +29,12 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from fleet.tokenizer import SimTokenizer, chat_to_text
+from fleet.tokenizer import chat_to_text
 from foretoken.ids import ModelName, RequestId, WorkerId
 from foretoken.settings import Settings
 from router.fallback import least_outstanding
 from router.publisher import Publisher
+from router.tokenize import Tokenizers
 from streams.engines import EngineConfig
 from streams.records import Grant, Outcome, RouteRequest, RouteResponse
 
@@ -70,7 +71,7 @@ class RouterState:
     engines: dict[str, EngineConfig]
     publisher: Publisher
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
-    tokenizer: SimTokenizer = field(default_factory=SimTokenizer)
+    tokenizers: Tokenizers = field(default_factory=Tokenizers)
     outstanding: dict[str, int] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
     # Client request ids answered 429: (first seen, attempts). A retry is a new attempt with
@@ -180,14 +181,14 @@ def _tokens(state: RouterState, body: dict[str, Any], chat: bool) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list")
-        return state.tokenizer.encode(chat_to_text(messages))
+        return state.tokenizers.for_model(body["model"]).encode(chat_to_text(messages))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
-        return state.tokenizer.encode(prompt)
+        return state.tokenizers.for_model(body["model"]).encode(prompt)
     raise BadRequest("prompt must be a non-empty string or a list of token ids")
 
 
@@ -411,7 +412,8 @@ async def metrics(request: web.Request) -> web.Response:
 def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application:
     app = web.Application(client_max_size=settings.router.max_body_bytes)
     state = RouterState(settings, {e.worker_id: e for e in engines},
-                        Publisher(settings, settings.router.publish_buffer))  # fmt: skip
+                        Publisher(settings, settings.router.publish_buffer),
+                        tokenizers=Tokenizers(settings.router.tokenizers))  # fmt: skip
     app[STATE] = state
 
     async def on_startup(app: web.Application) -> None:

@@ -27,14 +27,12 @@ from predictor.fit import (
     REFERENCE_A_S_PER_TOKEN,
     REFERENCE_B_S_PER_TOKEN2,
     FitConfig,
-    FitRegistry,
     OnlinePrefillFit,
     PrefillCurve,
     RobustFitConfig,
     StepCostFit,
-    select_cold_sample,
-    time_per_output_token_s,
 )
+from predictor.fit_registry import FitRegistry, select_cold_sample, time_per_output_token_s
 from streams.records import Graded, WorkerEndpoints, WorkerRegistration
 
 REFERENCE = (REFERENCE_A_S_PER_TOKEN, REFERENCE_B_S_PER_TOKEN2)
@@ -443,3 +441,20 @@ def test_select_cold_sample() -> None:
         assert not select_cold_sample(
             maybe_hit, others_running=False, trust_index_when_engine_silent=True
         )
+
+
+def test_samples_with_a_reported_cache_hit_teach_the_same_curve() -> None:
+    """TTFT of a prompt of N tokens, c of them reused, alone on the worker: C(N) − C(c)."""
+    a, b = 3.0e-5, 3.7e-11
+    fit = OnlinePrefillFit()
+    rng = np.random.default_rng(3)
+    for i in range(64):
+        n = int(rng.integers(2_000, 120_000))
+        c = int(rng.integers(0, n // 2)) // 512 * 512
+        seconds = (a * n + b * n * n) - (a * c + b * c * c)
+        assert fit.observe(n, seconds * float(rng.lognormal(0, 0.05)), float(i), cached_tokens=c)
+    curve = fit.refit()
+    assert not curve.default
+    for n in (8_000, 32_000, 128_000):
+        assert curve.cost_s(n) == pytest.approx(a * n + b * n * n, rel=0.05)
+    assert not fit.observe(1000, 1.0, 99.0, cached_tokens=1000)  # nothing new: no sample

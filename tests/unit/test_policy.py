@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fleet.predictor_policy  # noqa: F401  (registers "predictor": the contract runs on it)
 from fleet.policy import (
     Decision,
     FleetLedger,

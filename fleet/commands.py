@@ -1,0 +1,82 @@
+"""What ``foretoken replay`` and ``foretoken load`` do, composed from the fleet modules (the
+CLI only parses arguments)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fleet.load import run_load, write_results_parquet
+from fleet.policy import make_policy
+from fleet.replay import (
+    TRACE_LOADERS,
+    FleetLedger,
+    capacity_speedup,
+    replay,
+    write_lake,
+)
+from fleet.spec import load_fleet
+from fleet.traces import BoundMix, TraceRequest, load_azure, load_mooncake
+
+TRACE_HELP = ", ".join(TRACE_LOADERS)
+
+
+def load_trace(trace: str, limit: int | None, speedup: float = 1.0) -> list[TraceRequest]:
+    if trace in TRACE_LOADERS:
+        return TRACE_LOADERS[trace](limit=limit, speedup=speedup)
+    path = Path(trace)
+    if path.suffix == ".jsonl":
+        return load_mooncake(path, limit=limit, speedup=speedup)
+    if path.suffix == ".csv":
+        return load_azure(path, limit=limit, speedup=speedup)
+    raise ValueError(f"unknown trace {trace!r}: a shipped name ({TRACE_HELP}) or a .jsonl/.csv")
+
+
+def with_bounds(requests: list[TraceRequest], bounds: str | None, seed: int) -> list[TraceRequest]:
+    return BoundMix.parse(bounds).assign(requests, seed=seed) if bounds else requests
+
+
+def replay_command(
+    *, trace: str, fleet: str, policy: str, speedup: float | None, capacity_factor: float | None,
+    limit: int | None, bounds: str | None, out: str | None, seed: int, progress: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Replay a trace on a fleet in virtual time; with ``out``, append the records to the
+    grading lake there. Returns the summary (also what is printed)."""
+    if speedup is not None and capacity_factor is not None:
+        raise ValueError("give --speedup or --capacity-factor, not both")
+    spec = load_fleet(fleet)
+    base = load_trace(trace, limit)
+    factor_speedup = None
+    if capacity_factor is not None:
+        factor_speedup = capacity_factor * capacity_speedup(base, spec)
+    chosen_speedup = speedup or factor_speedup or 1.0
+    requests = with_bounds(base, bounds, seed)
+    chosen = make_policy(policy, FleetLedger.for_fleet(spec), seed=seed)
+    result = replay(requests, spec, chosen, speedup=chosen_speedup, progress=progress)
+    if out is not None:
+        write_lake(result.records, out)
+    summary = result.summary()
+    summary.update({"policy": policy, "fleet": spec.name, "trace": trace,
+                    "speedup": chosen_speedup, "capacity_factor": capacity_factor})  # fmt: skip
+    return summary
+
+
+def load_command(
+    *, url: str, model: str, trace: str, limit: int | None, speedup: float, bounds: str | None,
+    concurrency: int, timeout_s: float, max_output_tokens: int | None, duration_s: float | None,
+    out: str | None, seed: int, progress: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Replay a trace's arrivals against any OpenAI-compatible URL; client-side results to
+    Parquet. Returns the summary counts and TTFT percentiles."""
+    requests = with_bounds(load_trace(trace, limit, speedup), bounds, seed)
+    summary = run_load(url, model, requests, concurrency=concurrency, timeout_s=timeout_s,
+                       max_output_tokens=max_output_tokens, max_duration_s=duration_s,
+                       progress=progress)  # fmt: skip
+    if out is not None:
+        write_results_parquet(summary.results, out)
+    return summary.counts()
+
+
+def dumps(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, indent=1, default=str)

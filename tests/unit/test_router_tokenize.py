@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from fleet.tokenizer import SimTokenizer
+from router.tokenize import HFTokenizer, Tokenizers
+
+
+def _tokenizer_json(tmp_path: Path) -> Path:
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, "again": 3}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def test_a_tokenizer_json_is_used_for_its_model_only(tmp_path: Path) -> None:
+    toks = Tokenizers({"real-model": str(_tokenizer_json(tmp_path))})
+    assert toks.for_model("real-model").encode("hello world again nope") == [1, 2, 3, 0]
+    sim = toks.for_model("sim-model").encode("hello world")
+    assert sim == SimTokenizer().encode("hello world") and sim != [1, 2]
+
+
+def test_a_bad_tokenizer_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot load tokenizer"):
+        HFTokenizer(bad)
