@@ -1,47 +1,41 @@
 """TTFT prediction accuracy and routing quality on the Mooncake trace (PRODUCT.md §1, §4).
 
 ``python -m bench.predict_bench [--quick]`` prints one JSON object. Everything runs in
-virtual time (:func:`fleet.replay.replay`) on the ``hetero`` fleet, at load factors × the
-trace's :func:`~fleet.replay.capacity_speedup` (0.8, 1.0, 1.3), plus the same factors × a
-*calibrated* capacity (below).
+virtual time (:func:`fleet.replay.replay`) on the ``hetero`` fleet, at load factors 0.8,
+1.0, 1.3 × the trace's :func:`~fleet.replay.capacity_speedup` ("estimate": an ideal router
+reusing every prefix seen earlier, no decode or step overheads) and × a "calibrated"
+capacity, the same estimate with no prefix reuse (``reuse_prefixes=False``).
 
-**(a) Accuracy** (``accuracy``): one replay per load with the live predictor
-(:class:`~fleet.predictor_policy.PredictorPolicy`) routing requests that carry no bound.
-Three baselines predict, *in the same run*, the TTFT of every admitted request on the
-worker the predictor chose (same routing, same requests, same engines), from what a router
-knows at that moment: the requests it sent to that worker and has not seen a first token
-for ("ahead"), and the cached tokens the predictor's index credited:
+**(a) Accuracy** (``accuracy``): per load, one replay where the live predictor
+(:class:`~fleet.predictor_policy.PredictorPolicy`, cold start, learning online) routes
+requests without bounds. In the same run, on the same admitted requests and the worker the
+predictor chose, these also predict, from what a router knows then (the requests sent to
+that worker without a first token yet: "ahead"; the cached tokens the index credited):
 
-* ``mooncake``: Mooncake's estimate — a polynomial ``P(N, K) = c0 + c1·(N−K) + c2·(N²−K²)``
-  per worker, fitted ONCE offline; TTFT = Σ P of the requests ahead + P of this one;
+* ``mooncake``: ``P(N, K) = c0 + c1·(N−K) + c2·(N²−K²)`` per worker, fitted ONCE offline;
+  TTFT = Σ P of the requests ahead + P of this one;
 * ``linear_rate``: no N² term — TTFT = c0 + (uncached tokens ahead + own) / fitted rate;
-* ``request_count``: TTFT = k·(requests ahead + 1), k fitted per worker.
+* ``request_count``: TTFT = k·(requests ahead + 1), k fitted per worker;
+* ``predictor_profiled``: a read replica of the live predictor whose fits start from the
+  same offline samples; it follows the routing decisions through its ``grants`` path.
 
-Their offline fit is a separate *profiling replay*: the trace's last ``PROFILE_REQUESTS``
-requests, round-robin, at ``PROFILE_LOAD`` × capacity, so most requests run alone; the
-polynomial and the rate are least-squares fits over each worker's requests that had the
-worker to themselves (nothing else ran between their arrival and first token), ``k`` over
-all of the worker's requests. Grades (PRODUCT.md §4) over served requests: within 1 s /
-10 s, |error| p50/p95/p99, bias, and — requests carry no bound in this run — the
-same-side-of-bound counts against hypothetical bounds B = 5, 10, 30 s: underpredicted
-(predicted ≤ B < actual) and would-have-been false alarm (predicted > B ≥ actual); the
-cache-disagreement rate, within 1 s split by agreement.
+The offline fit is a separate *profiling replay*: cold prompts with the lengths of the
+trace's last ``PROFILE_REQUESTS`` requests (unique content), round-robin, one every
+``PROFILE_GAP_S``; least squares over each worker's requests that had it to themselves.
+Grades over served requests: within 1 s / 10 s, |error| p50/p95/p99, bias; as requests
+carry no bound here, the same-side-of-bound counts against B = 5, 10, 30 s:
+underpredicted (predicted ≤ B < actual), would-have-been false alarm (predicted > B ≥
+actual); cache disagreement, within 1 s split by agreement; how many requests could have
+been the live fit's cold samples (``cold_sample_supply``).
 
 **(b) Routing quality** (``routing``): per load, one replay per policy (``predictor``,
 ``round-robin``, ``least-outstanding-tokens``) with bounds from ``BOUND_MIX``: goodput
-(served within the bound), goodput per second of trace, TTFT p50/p95/p99 of served
-requests. The predictor's run also gives the §4 grades with real bounds
-(``bound_grades``): underpredictions, and false alarms *estimated* two ways — from the
-explore admissions (would-be rejections admitted anyway: their within-bound fraction ×
-rejections) and from the distribution of actual TTFT given the predicted one on served
-requests (binned).
+(served within the bound; also per second of trace), TTFT p50/p95/p99 of served requests.
+The predictor's run also gives §4 grades with real bounds (``bound_grades``):
+underpredictions, and false alarms *estimated* from the explore admissions (their
+within-bound fraction × rejections) and from actual-given-predicted on served requests.
 
-**Calibrated capacity.** ``capacity_speedup`` assumes an ideal router (every prefix seen
-earlier in the trace is reused, 37% of prompt tokens) and leaves decode and step
-overheads out. The calibrated capacity drops the reuse (``reuse_prefixes=False``): the
-capacity when nothing is reused, closer to what a router that spreads load achieves.
-
-Replays run in parallel worker processes (``--workers``); each result records its wall time.
+Replays run in parallel processes (``--workers``); each records its wall time.
 """
 
 from __future__ import annotations
@@ -71,12 +65,16 @@ FLEET = "hetero"
 LOADS = (0.8, 1.0, 1.3)
 BOUNDS_S = (5.0, 10.0, 30.0)
 BOUND_MIX = "5:0.3,10:0.3,30:0.4"
-POLICIES = ("predictor", "round-robin", "least-outstanding-tokens")
+PROFILED_POLICY = "predictor-profiled"  # the predictor with fits started from the profile
+POLICIES = ("predictor", PROFILED_POLICY, "round-robin", "least-outstanding-tokens")
 BASELINES = ("mooncake", "linear_rate", "request_count")
-QUICK_REQUESTS = 300
+PROFILED = "predictor_profiled"  # the live predictor's replica, fits warm-started
+QUICK_REQUESTS = 250
 PROFILE_REQUESTS = 480
 QUICK_PROFILE_REQUESTS = 160
-PROFILE_LOAD = 0.05
+PROFILE_GAP_S = 2.0  # round-robin over 8 workers: one request per worker every 16 s
+PROFILE_MAX_OUTPUT = 32
+PROFILE_KEY_BASE = 1 << 50  # segment keys no trace request uses
 MIN_PROMPT_TOKENS = 128  # as the live fit: below this fixed latency dominates
 MIN_WORKER_SAMPLES = 4  # fewer alone requests on a worker: its baselines use the pooled fit
 WITHIN_S = (1.0, 10.0)
@@ -84,6 +82,10 @@ PERCENTILES = (50.0, 95.0, 99.0)
 # Bins of predicted TTFT (s) for the conditional false-alarm estimate.
 PREDICTED_BIN_EDGES_S = np.geomspace(0.05, 2000.0, 31)
 CAPACITY_KINDS = ("estimate", "calibrated")
+CALIBRATION_REQUESTS = 3000
+CALIBRATION_RANGE = (0.2, 1.0)
+CALIBRATION_P95_S = 10.0
+MAX_PROCESSES = 4
 SEED = 0
 
 
@@ -169,7 +171,11 @@ def fit_baselines(records: Sequence[Graded], workers: Sequence[WorkerId]) -> dic
         pooled.append(cols)
     everyone = tuple(np.concatenate([c[i] for c in pooled]) for i in range(5))
     fits = {w: _fit_one(cols, everyone) for w, cols in per_worker.items()}
-    return {"fits": fits, "profile_served": len(served.ttft_s)}
+    cold = {
+        w: [(int(n), float(y)) for n, k, y in zip(c[0], c[1], c[2], strict=True) if k == 0]
+        for w, c in per_worker.items()
+    }
+    return {"fits": fits, "cold_samples": cold, "profile_served": len(served.ttft_s)}
 
 
 def _fit_one(cols: tuple[np.ndarray, ...], everyone: tuple[np.ndarray, ...]) -> BaselineFit:
@@ -193,16 +199,30 @@ class _Ahead:
     uncached: int
 
 
+def warm_started_replica(fleet: FleetSpec, cold: dict[str, list[tuple[int, float]]]) -> Any:
+    """A read replica of the predictor whose fits start from the profile's cold samples
+    (through the fit registry's own ``observe_cold``), then keep learning online."""
+    replica = PredictorPolicy.for_fleet(fleet, seed=SEED)
+    for worker, samples in cold.items():
+        config_hash = replica.predictor.workers[WorkerId(worker)].config_hash
+        for n, ttft_s in samples:
+            replica.predictor.fits.observe_cold(WorkerId(worker), config_hash, n, ttft_s, 0.0)
+    return replica
+
+
 class ShadowBaselines:
     """Routes with ``inner``; at each admission the baselines predict the request's TTFT on
-    the chosen worker from the requests sent there without a first token yet."""
+    the chosen worker from the requests sent there without a first token yet. With a
+    ``replica`` (a :class:`PredictorPolicy` that does not route), it predicts for the same
+    worker, then follows the decision through its ``grants`` path, as a read replica."""
 
-    def __init__(self, inner: RoutingPolicy, fits: dict[str, BaselineFit]) -> None:
-        self.inner, self.fits = inner, fits
+    def __init__(self, inner: RoutingPolicy, fits: dict[str, BaselineFit],
+                 replica: PredictorPolicy | None = None) -> None:  # fmt: skip
+        self.inner, self.fits, self.replica = inner, fits, replica
         self.name = inner.name
         self.kv_events = inner.kv_events
         self.awaiting: dict[WorkerId, dict[RequestId, _Ahead]] = {}
-        self.predictions: dict[RequestId, tuple[float, float, float]] = {}
+        self.predictions: dict[RequestId, tuple[float, ...]] = {}
 
     def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
         decision = self.inner.decide(request, fleet)
@@ -217,42 +237,40 @@ class ShadowBaselines:
         queued_s = sum(a.prefill_s for a in ahead.values())
         queued_tokens = sum(a.uncached for a in ahead.values())
         c0, per_token = fit.linear
-        self.predictions[request.request_id] = (
+        predicted: tuple[float, ...] = (
             queued_s + own.prefill_s,
             max(c0 + per_token * (queued_tokens + own.uncached), 0.0),
             fit.per_request_s * (len(ahead) + 1),
         )
         ahead[request.request_id] = own
+        if self.replica is not None:
+            mine = self.replica.predict_on(request, worker)
+            predicted += (math.nan if mine is None else mine.predicted_ttft_s,)
+            self.replica.on_grant(decision.grant(request, request.arrival_s), request.arrival_s)
+        self.predictions[request.request_id] = predicted
         return decision
 
     def _done(self, request_id: RequestId, worker_id: WorkerId) -> None:
         self.awaiting.get(worker_id, {}).pop(request_id, None)
 
+    def _others(self) -> list[RoutingPolicy]:
+        return [self.inner] if self.replica is None else [self.inner, self.replica]
+
     def on_kv_events(self, worker_id: WorkerId, events: Sequence[KvEvent], t_s: float) -> None:
-        self.inner.on_kv_events(worker_id, events, t_s)
+        for policy in self._others():
+            policy.on_kv_events(worker_id, events, t_s)
 
-    def on_first_token(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        ttft_s: float,
-        engine_cached_tokens: int | None,
-        t_s: float,
-    ) -> None:
+    def on_first_token(self, request_id: RequestId, worker_id: WorkerId, ttft_s: float,
+                       engine_cached_tokens: int | None, t_s: float) -> None:  # fmt: skip
         self._done(request_id, worker_id)
-        self.inner.on_first_token(request_id, worker_id, ttft_s, engine_cached_tokens, t_s)
+        for policy in self._others():
+            policy.on_first_token(request_id, worker_id, ttft_s, engine_cached_tokens, t_s)
 
-    def on_finished(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        output_tokens: int,
-        e2e_s: float,
-        t_s: float,
-        error: str | None = None,
-    ) -> None:
+    def on_finished(self, request_id: RequestId, worker_id: WorkerId, output_tokens: int,
+                    e2e_s: float, t_s: float, error: str | None = None) -> None:  # fmt: skip
         self._done(request_id, worker_id)
-        self.inner.on_finished(request_id, worker_id, output_tokens, e2e_s, t_s, error)
+        for policy in self._others():
+            policy.on_finished(request_id, worker_id, output_tokens, e2e_s, t_s, error)
 
 
 # ---------------------------------------------------------------------------- grades
@@ -311,8 +329,9 @@ def accuracy(records: Sequence[Graded], shadow: ShadowBaselines) -> dict[str, An
         ),
     }
     out["cold_sample_supply"] = cold_sample_supply(records)
-    table = np.array([shadow.predictions[r.request_id] for r in served]).reshape(-1, 3)
-    for index, name in enumerate(BASELINES):
+    names = BASELINES + ((PROFILED,) if shadow.replica is not None else ())
+    table = np.array([shadow.predictions[r.request_id] for r in served]).reshape(-1, len(names))
+    for index, name in enumerate(names):
         out[name] = error_grades(table[:, index], actual, disagree)
     return out
 
@@ -395,29 +414,44 @@ def routing_summary(records: Sequence[Graded], trace_span_s: float, speedup: flo
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    policy: str
+    policy: str  # a registered policy, or PROFILED_POLICY
     capacity: str  # "estimate" or "calibrated"
     load: float
     bounded: bool
     limit: int | None
+    calibration: float  # the calibrated capacity as a fraction of the no-reuse one
     fits: dict[str, BaselineFit] = field(default_factory=dict)  # with fits: shadow baselines
+    cold: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # profile samples
 
 
-def _trace(limit: int | None, tail: bool = False) -> list[TraceRequest]:
-    if not tail:
-        return load_mooncake(limit=limit)
-    everything = load_mooncake()
-    return everything[-limit:] if limit else everything
+def profile_trace(requests: int) -> list[TraceRequest]:
+    """Cold prompts for the offline profile: the prompt lengths of the trace's last
+    ``requests`` requests, each with unique content (nothing shared, nothing cached),
+    outputs capped at ``PROFILE_MAX_OUTPUT``, one every ``PROFILE_GAP_S``."""
+    tail = load_mooncake()[-requests:]
+    return [
+        TraceRequest(
+            request_id=RequestId(f"profile-{i:05d}"),
+            arrival_s=PROFILE_GAP_S * i,
+            prompt_tokens=r.prompt_tokens,
+            output_tokens=min(r.output_tokens, PROFILE_MAX_OUTPUT),
+            segment_keys=(PROFILE_KEY_BASE + i,),
+            segment_lengths=(r.prompt_tokens,),
+        )
+        for i, r in enumerate(tail)
+    ]
 
 
-def capacities(trace: Sequence[TraceRequest], fleet: FleetSpec) -> dict[str, float]:
+def capacities(trace: Sequence[TraceRequest], fleet: FleetSpec, calibration: float) -> dict:
     return {
         "estimate": capacity_speedup(trace, fleet),
-        "calibrated": capacity_speedup(trace, fleet, reuse_prefixes=False),
+        "calibrated": calibration * capacity_speedup(trace, fleet, reuse_prefixes=False),
     }
 
 
-def _policy(name: str, fleet: FleetSpec) -> RoutingPolicy:
+def _policy(name: str, fleet: FleetSpec, cold: dict[str, list[tuple[int, float]]]) -> Any:
+    if name == PROFILED_POLICY:
+        return warm_started_replica(fleet, cold)
     if name == PredictorPolicy.name:
         return PredictorPolicy.for_fleet(fleet, seed=SEED)
     return make_policy(name, FleetLedger.for_fleet(fleet), seed=SEED)
@@ -425,127 +459,118 @@ def _policy(name: str, fleet: FleetSpec) -> RoutingPolicy:
 
 def run_job(job: Job) -> dict[str, Any]:
     fleet = load_fleet(FLEET)
-    trace = _trace(job.limit)
-    speedup = job.load * capacities(trace, fleet)[job.capacity]
+    trace = load_mooncake(limit=job.limit)
+    speedup = job.load * capacities(trace, fleet, job.calibration)[job.capacity]
     if job.bounded:
         trace = BoundMix.parse(BOUND_MIX).assign(trace, seed=SEED)
-    policy: RoutingPolicy = _policy(job.policy, fleet)
-    shadow = ShadowBaselines(policy, job.fits) if job.fits else None
+    policy = _policy(job.policy, fleet, job.cold)
+    shadow = None
+    if job.fits:
+        replica = warm_started_replica(fleet, job.cold) if job.cold else None
+        shadow = ShadowBaselines(policy, job.fits, replica)
     result = replay(trace, fleet, shadow or policy, speedup=speedup, progress=False)
     span_s = trace[-1].arrival_s - trace[0].arrival_s
-    out: dict[str, Any] = {
-        "policy": job.policy,
-        "capacity": job.capacity,
-        "load": job.load,
-        "bounded": job.bounded,
-        "speedup": round(speedup, 4),
-        "wall_s": round(result.wall_s, 1),
-        "virtual_s": round(result.virtual_s, 1),
-        "routing": routing_summary(result.records, span_s, speedup),
-    }
+    routing = routing_summary(result.records, span_s, speedup)
     if isinstance(policy, PredictorPolicy):
-        out["predictor_counters"] = asdict(policy.counters)
+        routing["predictor_counters"] = asdict(policy.counters)
+    out: dict[str, Any] = {"speedup": round(speedup, 4), "wall_s": round(result.wall_s, 1)}
+    out |= {"virtual_s": round(result.virtual_s, 1), "routing": routing}
     if shadow is not None:
         out["accuracy"] = accuracy(result.records, shadow)
-    if job.bounded and job.policy == PredictorPolicy.name:
+    if job.bounded and isinstance(policy, PredictorPolicy):
         out["bound_grades"] = bound_grades(result.records)
     return out
 
 
 def profile(requests: int) -> dict[str, Any]:
-    """The baselines' offline fit: a round-robin replay of the trace's last requests at a
-    load where most run alone (module doc)."""
+    """The offline profile (module doc): a round-robin replay of cold prompts, one at a
+    time per worker; the baselines' fits and the replica's starting samples."""
     fleet = load_fleet(FLEET)
-    trace = _trace(requests, tail=True)
-    speedup = PROFILE_LOAD * capacity_speedup(trace, fleet)
     started = time.perf_counter()
-    result = replay(trace, fleet, _policy("round-robin", fleet), speedup=speedup, progress=False)
+    policy = _policy("round-robin", fleet, {})
+    result = replay(profile_trace(requests), fleet, policy, progress=False)
     fitted = fit_baselines(result.records, [spec.id for spec in fleet.engines])
     fitted["wall_s"] = round(time.perf_counter() - started, 1)
-    fitted["speedup"] = round(speedup, 4)
     return fitted
 
 
-def _jobs(
-    limit: int | None,
-    loads: Sequence[float],
-    capacity_kinds: Sequence[str],
-    fits: dict[str, BaselineFit],
-) -> list[Job]:
-    jobs = []
-    for capacity in capacity_kinds:
-        for load in loads:
-            jobs.append(Job(PredictorPolicy.name, capacity, load, False, limit, fits))
-            jobs += [Job(name, capacity, load, True, limit) for name in POLICIES]
+def calibrate(requests: int, steps: int) -> dict[str, Any]:
+    """The calibrated capacity: by bisection, the highest fraction of the no-reuse
+    capacity at which least-outstanding-tokens keeps the TTFT p95 of the trace's first
+    ``requests`` requests within ``CALIBRATION_P95_S`` (its knee)."""
+    fleet, trace = load_fleet(FLEET), load_mooncake(limit=requests)
+    base = capacity_speedup(trace, fleet, reuse_prefixes=False)
+    low, high = CALIBRATION_RANGE
+    probes = []
+    for _ in range(steps):
+        mid = (low + high) / 2
+        policy = _policy("least-outstanding-tokens", fleet, {})
+        p95 = summary(replay(trace, fleet, policy, speedup=mid * base, progress=False).records)
+        probes.append({"fraction": round(mid, 4), "ttft_p95_s": p95["ttft_p95_s"]})
+        low, high = (mid, high) if p95["ttft_p95_s"] <= CALIBRATION_P95_S else (low, mid)
+    return {"fraction_of_no_reuse": low, "requests": requests, "probes": probes}
+
+
+def _jobs(limit: int | None, loads: Sequence[float], kinds: Sequence[str],
+          calibration: float, profiled: dict[str, Any]) -> list[Job]:  # fmt: skip
+    """The longest jobs (the predictor's) first, so the process pool packs well."""
+    fits, cold = profiled["fits"], profiled["cold_samples"]
+    grid = [(kind, load) for kind in kinds for load in loads]
+    jobs = [Job(PredictorPolicy.name, k, x, False, limit, calibration, fits, cold) for k, x in grid]
+    for name in POLICIES:
+        jobs += [Job(name, k, x, True, limit, calibration, cold=cold) for k, x in grid]
     return jobs
 
 
-def _arrange(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Results keyed by capacity kind, then load: accuracy and routing per policy."""
+def _arrange(jobs: Sequence[Job], results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Results keyed by capacity kind, then load: accuracy, routing per policy, timings."""
     out: dict[str, Any] = {}
-    for r in results:
-        slot = out.setdefault(r["capacity"], {}).setdefault(
-            f"{r['load']:g}", {"speedup": r["speedup"], "routing": {}, "timings_s": {}}
+    for job, r in zip(jobs, results, strict=True):
+        slot = out.setdefault(job.capacity, {}).setdefault(
+            f"{job.load:g}", {"speedup": r["speedup"], "routing": {}, "wall_s": {}}
         )
-        key = f"{r['policy']}{'' if r['bounded'] else ' (no bounds)'}"
-        slot["timings_s"][key] = r["wall_s"]
+        key = job.policy if job.bounded else f"{job.policy} (no bounds)"
+        slot["wall_s"][key] = r["wall_s"]
         if "accuracy" in r:
-            slot["accuracy"] = r["accuracy"] | {"routing_unbounded": r["routing"]}
-            slot["accuracy"]["predictor_counters"] = r.get("predictor_counters")
+            slot["accuracy"] = r["accuracy"] | {"routing_without_bounds": r["routing"]}
         else:
-            slot["routing"][r["policy"]] = r["routing"]
+            slot["routing"][job.policy] = r["routing"]
         if "bound_grades" in r:
-            slot["bound_grades"] = r["bound_grades"]
-            slot["routing"][r["policy"]]["predictor_counters"] = r.get("predictor_counters")
+            slot.setdefault("bound_grades", {})[job.policy] = r["bound_grades"]
     return out
 
 
-def run(
-    quick: bool,
-    *,
-    limit: int | None = None,
-    workers: int | None = None,
-    loads: Sequence[float] = LOADS,
-    capacity_kinds: Sequence[str] | None = None,
-) -> dict[str, Any]:
+def run(quick: bool, *, limit: int | None = None, workers: int | None = None,
+        loads: Sequence[float] = LOADS, kinds: Sequence[str] | None = None) -> dict:  # fmt: skip
     """The whole benchmark (module doc) as one JSON-serializable dict. Quick mode: the
-    first ``QUICK_REQUESTS`` requests and the estimated capacity only."""
+    first ``QUICK_REQUESTS`` requests, the estimated capacity only, a coarse calibration."""
     started = time.perf_counter()
-    if limit is None and quick:
-        limit = QUICK_REQUESTS
-    if capacity_kinds is None:
-        capacity_kinds = CAPACITY_KINDS[:1] if quick else CAPACITY_KINDS
-    fleet = load_fleet(FLEET)
-    trace = _trace(limit)
+    limit = limit if limit is not None or not quick else QUICK_REQUESTS
+    kinds = kinds or (CAPACITY_KINDS[:1] if quick else CAPACITY_KINDS)
+    fleet, trace = load_fleet(FLEET), load_mooncake(limit=limit)
+    calibration = calibrate(min(len(trace), CALIBRATION_REQUESTS), 3 if quick else 6)
     profiled = profile(QUICK_PROFILE_REQUESTS if quick else PROFILE_REQUESTS)
-    fits: dict[str, BaselineFit] = profiled["fits"]
-    jobs = _jobs(limit, loads, capacity_kinds, fits)
-    procs = workers or min(len(jobs), os.cpu_count() or 1, 4)
+    jobs = _jobs(limit, loads, kinds, calibration["fraction_of_no_reuse"], profiled)
+    procs = workers or min(len(jobs), os.cpu_count() or 1, MAX_PROCESSES)
     with ProcessPoolExecutor(max_workers=procs) as pool:
         results = list(pool.map(run_job, jobs))
+    caps = capacities(trace, fleet, calibration["fraction_of_no_reuse"])
     return {
         "mode": "quick" if quick else "full",
-        "fleet": FLEET,
-        "trace": "mooncake",
-        "requests": len(trace),
-        "bound_mix": BOUND_MIX,
-        "capacity_speedup": {k: round(v, 4) for k, v in capacities(trace, fleet).items()},
+        "fleet": FLEET, "trace": "mooncake", "requests": len(trace), "bound_mix": BOUND_MIX,
+        "capacity_speedup": {k: round(v, 4) for k, v in caps.items()},
+        "calibration": calibration,
         "profile": {
             "requests": QUICK_PROFILE_REQUESTS if quick else PROFILE_REQUESTS,
-            "load": PROFILE_LOAD,
-            "speedup": profiled["speedup"],
-            "served": profiled["profile_served"],
+            "gap_s": PROFILE_GAP_S, "served": profiled["profile_served"],
             "wall_s": profiled["wall_s"],
-            "fits": {w: asdict(f) for w, f in fits.items()},
+            "fits": {w: asdict(f) for w, f in profiled["fits"].items()},
         },
-        "results": _arrange(results),
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "processes": procs,
-        },
+        "results": _arrange(jobs, results),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "processes": procs},
         "elapsed_s": round(time.perf_counter() - started, 1),
-    }
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -554,15 +579,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N requests of the trace")
     parser.add_argument("--workers", type=int, default=None, help="parallel replay processes")
     parser.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS))
-    parser.add_argument(
-        "--capacity", default=None, help="capacity kinds, comma-separated: estimate, calibrated"
-    )
+    parser.add_argument("--capacity", default=None, help="estimate and/or calibrated")
     args = parser.parse_args()
     loads = [float(x) for x in args.loads.split(",")]
-    kinds = [k.strip() for k in args.capacity.split(",")] if args.capacity else None
-    result = run(
-        args.quick, limit=args.limit, workers=args.workers, loads=loads, capacity_kinds=kinds
-    )
+    kinds = args.capacity.split(",") if args.capacity else None
+    result = run(args.quick, limit=args.limit, workers=args.workers, loads=loads, kinds=kinds)
     print(json.dumps(result, indent=2))
 
 

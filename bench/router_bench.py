@@ -443,10 +443,15 @@ def added_latency(
 
 def histogram_report(delta: dict[float, float]) -> dict[str, Any]:
     total = delta.get(math.inf, 0.0)
+    last = max((k for k in delta if not math.isinf(k)), default=0.0)
+    beyond = total - delta.get(last, 0.0)  # past the last finite bound: quantiles capped
     return {
         "count": total,
         "p50_ms": _ms(histogram_quantile(0.5, delta)),
         "p99_ms": _ms(histogram_quantile(0.99, delta)),
+        "over_last_bound": beyond,
+        "p50_is_lower_bound": beyond > 0.5 * total,
+        "p99_is_lower_bound": beyond > 0.01 * total,
         "fraction_le_1ms": round(delta.get(0.001, 0.0) / total, 4) if total else None,
         "fraction_le_2ms": round(delta.get(0.002, 0.0) / total, 4) if total else None,
         "buckets": {("+Inf" if math.isinf(k) else str(k)): v for k, v in delta.items()},

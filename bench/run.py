@@ -12,6 +12,7 @@ from typing import Any
 # name -> module with ``run(quick: bool) -> dict``; `make bench` runs them all.
 BENCHMARKS: dict[str, str] = {
     "index": "bench.index_bench",
+    "router": "bench.router_bench",
 }
 OUT_DIR = Path(".run/bench")
 

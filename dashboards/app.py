@@ -36,13 +36,15 @@ COLD_POINTS_PER_WORKER: Final = 500
 FIT_COLUMNS: Final = 3  # fit charts per row
 SLIDER_STEPS_S: Final = (1, 10, 60, 300, 900, 3600)
 MAX_SLIDER_POSITIONS: Final = 600
-TOKENS_PER_M: Final = 1e6
+LOG_TICKS: Final = tuple(m * 10.0**e for e in range(-3, 7) for m in (1, 3))
+ERROR_CLIP_S: Final = 10.0
 NO_PREDICTIONS: Final = (
     "**No predictions in this lake.** The grants carry no predicted TTFT (a routing policy "
     "without a predictor, such as round-robin), so the prediction grades are empty; "
     "measured TTFT and traffic are shown instead."
 )
 DASH: Final = "—"
+Layered = alt.LayerChart | alt.FacetChart  # what layering (and .properties) gives back
 
 
 # --------------------------------------------------------------------------- settings
@@ -97,19 +99,19 @@ def utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
 
 
-def note(text: str) -> None:
-    st.caption(text)
-
-
 PERCENT_COLUMNS: Final = ("within_1s", "within_10s", "disagreement", "served_within")
 
 
 def table(frame: pl.DataFrame) -> None:
-    """A result table: rates as percentages, seconds with two decimals, counts grouped."""
+    """A result table: rates as percentages, seconds with two decimals, counts grouped;
+    columns with nothing in them (no predictions, say) are left out."""
+    if frame.height:
+        frame = frame.select(c for c in frame.columns if frame[c].null_count() < frame.height)
     frame = frame.with_columns(pl.col(c) * 100 for c in PERCENT_COLUMNS if c in frame.columns)
     config: dict[str, Any] = {}
     for name, dtype in frame.schema.items():
-        label = name.replace("_", " ").removesuffix(" s").replace("abs error", "|error|")
+        label = name.replace("_", " ").removesuffix(" s").replace("abs error", "|err|")
+        label = label.replace("actual ", "TTFT ")
         if name in PERCENT_COLUMNS:
             config[name] = st.column_config.NumberColumn(label, format="%.1f%%")
         elif name == "bound_s":
@@ -118,7 +120,7 @@ def table(frame: pl.DataFrame) -> None:
             config[name] = st.column_config.NumberColumn(f"{label} (s)", format="%.2f")
         elif dtype.is_integer():
             config[name] = st.column_config.NumberColumn(label, format="localized")
-    st.dataframe(frame, hide_index=True, column_config=config)
+    st.dataframe(frame, hide_index=True, column_config=config, placeholder=DASH)
 
 
 # --------------------------------------------------------------------------- sidebar
@@ -136,13 +138,10 @@ def sidebar(options: data.Options, settings: AppSettings) -> tuple[data.Filters,
     bar.divider()
     bar.header("Live")
     refresh = bar.number_input(
-        "Auto-refresh every (s), 0 = off",
-        min_value=0,
-        value=math.ceil(settings.refresh_s),
-        step=5,
-        key="refresh_s",
+        "Auto-refresh every (s), 0 = off", min_value=0, value=math.ceil(settings.refresh_s),
+        step=5, key="refresh_s",
         help=f"Re-reads the lake on a timer. Default from --refresh-s or {REFRESH_ENV}.",
-    )
+    )  # fmt: skip
     bar.caption(f"Lake: `{settings.lake}`")
     filters = data.Filters(tuple(models), tuple(workers), tuple(classes), start_ts, end_ts)
     return filters, float(refresh or 0.0)
@@ -160,14 +159,10 @@ def time_range(options: data.Options) -> tuple[float | None, float | None]:
     step = next((s for s in SLIDER_STEPS_S if span / s <= MAX_SLIDER_POSITIONS), 3600)
     hi = lo + math.ceil(span / step) * step
     chosen = st.sidebar.slider(
-        "Time range (UTC)",
-        min_value=utc(lo),
-        max_value=utc(hi),
-        value=(utc(lo), utc(hi)),
-        step=timedelta(seconds=step),
-        format="HH:mm:ss" if span < 86400 else "MM-DD HH:mm",
+        "Time range (UTC)", min_value=utc(lo), max_value=utc(hi), value=(utc(lo), utc(hi)),
+        step=timedelta(seconds=step), format="HH:mm:ss" if span < 86400 else "MM-DD HH:mm",
         key="time_range",
-    )
+    )  # fmt: skip
     st.sidebar.caption(f"{chosen[0]:%Y-%m-%d %H:%M:%S} → {chosen[1]:%Y-%m-%d %H:%M:%S} UTC")
     start, end = (c.replace(tzinfo=UTC).timestamp() for c in chosen)
     return (None if start <= lo else start), (None if end >= hi else end)
@@ -207,8 +202,11 @@ def overview_tab(
         row = st.columns(4)
         card(row[0], "Served / rejected", served, "Outcomes of the graded requests.", failed)
         card(row[1], "Actual TTFT p95", p95(ov.actual_q), "Measured TTFT.", tails_note(ov.actual_q))
-        card(row[2], "Cache disagreement", pct(ov.disagreement), DISAGREEMENT_HELP)
-        card(row[3], "Rejected with a bound", count(fa.rejected), "Turned away for a bound.")
+        known = f"{count(ov.disagreeing)} of {count(ov.cache_known)}" if ov.cache_known else None
+        card(row[2], "Cache disagreement", pct(ov.disagreement), DISAGREEMENT_HELP,
+             known or "not recorded")  # fmt: skip
+        card(row[3], "Rejected with a bound", count(fa.rejected), "Turned away for a bound.",
+             f"{pct(fa.rejected / ov.requests)} of requests")  # fmt: skip
     else:
         prediction_cards(ov, fa, served, failed)
     trend_section(con, filters, ov, options)
@@ -227,9 +225,10 @@ DISAGREEMENT_HELP: Final = (
 
 def prediction_cards(ov: data.Overview, fa: data.FalseAlarms, served: str, failed: str) -> None:
     row = st.columns(4)
-    over = f"over {count(ov.predicted)} served requests with a prediction"
-    card(row[0], "Within 1 s", pct(ov.within_1s), f"|predicted − actual| ≤ 1 s, {over}.")
-    card(row[1], "Within 10 s", pct(ov.within_10s), f"|predicted − actual| ≤ 10 s, {over}.")
+    over = "over served requests with a prediction"
+    of = f"of {count(ov.predicted)} predicted"
+    card(row[0], "Within 1 s", pct(ov.within_1s), f"|predicted − actual| ≤ 1 s, {over}.", of)
+    card(row[1], "Within 10 s", pct(ov.within_10s), f"|predicted − actual| ≤ 10 s, {over}.", of)
     card(
         row[2], "|Error| p95", p95(ov.abs_error_q),
         "Tails of |predicted − actual|: averages are not grades.", tails_note(ov.abs_error_q),
@@ -246,27 +245,33 @@ def prediction_cards(ov: data.Overview, fa: data.FalseAlarms, served: str, faile
         f"{count(ov.disagreeing)} of {count(ov.cache_known)}",
     )  # fmt: skip
     same = "|predicted − actual| ≤ 1 s where the credited cache"
-    card(row[1], "Within 1 s · cache agrees", pct(ov.within_1s_agreeing), f"{same} agreed.")
-    card(row[2], "Within 1 s · cache disagrees", pct(ov.within_1s_disagreeing), f"{same} did not.")
+    card(row[1], "Within 1 s · cache agrees", pct(ov.within_1s_agreeing), f"{same} agreed.",
+         f"of {count(ov.predicted_agreeing)} agreeing")  # fmt: skip
+    card(row[2], "Within 1 s · cache disagrees", pct(ov.within_1s_disagreeing),
+         f"{same} did not.", f"of {count(ov.predicted_disagreeing)} disagreeing")  # fmt: skip
     card(row[3], "Actual TTFT p95", p95(ov.actual_q), "Measured TTFT.", tails_note(ov.actual_q))
     row = st.columns(4)
     card(row[0], "Served / rejected", served, "Outcomes of the graded requests.", failed)
     card(
         row[1], "Rejected with a bound", count(fa.rejected),
         "Turned away because the predicted TTFT exceeded the client's bound.",
+        f"{pct(fa.rejected / ov.requests)} of requests",
     )  # fmt: skip
-    explore = fa.explore_estimate
+    false_alarm_cards(row[2:], fa, "")
+
+
+def approx(x: float | None) -> str:
+    return DASH if x is None else f"≈ {x:,.0f}"
+
+
+def false_alarm_cards(cols: Sequence[Any], fa: data.FalseAlarms, scope: str) -> None:
     card(
-        row[2], "Est. false alarms · explore",
-        DASH if explore is None else f"≈ {explore:,.0f}",
+        cols[0], f"Est. false alarms{scope} · explore", approx(fa.explore_estimate),
         "Would-be rejections admitted anyway (explore) that met their bound, scaled to the "
-        "rejections.",
-        f"{pct(fa.explore_rate)} of {count(fa.explore_served)} explored met B",
+        "rejections.", f"{pct(fa.explore_rate)} of {count(fa.explore_served)} explored met B",
     )  # fmt: skip
-    dist = fa.distribution_estimate
     card(
-        row[3], "Est. false alarms · distribution",
-        DASH if dist is None else f"≈ {dist:,.0f}",
+        cols[1], f"Est. false alarms{scope} · distribution", approx(fa.distribution_estimate),
         "P(actual ≤ B | predicted) from served requests with a similar prediction "
         f"({data.BINS_PER_DECADE} bins per decade, ≥ {data.MIN_BIN_SUPPORT} samples each).",
         f"{count(fa.covered)} of {count(fa.rejected)} rejections covered",
@@ -281,35 +286,44 @@ def trend_section(
     width = data.trend_bucket_s(hi - lo)
     label = {3600: "hour", 900: "15 min", 300: "5 min", 60: "minute"}.get(width, f"{width} s")
     st.subheader(f"Trend per {label}")
-    frame = data.trend(con, filters, width)
+    frame = data.trend(con, filters, width).with_columns(
+        (pl.col("bucket") + pl.duration(seconds=width)).alias("end")
+    )
+    when = "%H:%M:%S" if hi - lo < 3600 else "%H:%M" if hi - lo < 86400 else "%m-%d %H:%M"
     charts = [
-        series_chart(frame, {"actual_p50_s": "p50", "actual_p95_s": "p95"}, "Actual TTFT (s)"),
-        series_chart(frame, {"served": "served", "rejected": "rejected"}, "Requests", bars=True),
-    ]
+        series_chart(frame, {"actual_p50_s": "p50", "actual_p95_s": "p95"}, "Actual TTFT (s)",
+                     when),
+        series_chart(frame, {"served": "served", "rejected": "rejected"}, "Requests", when,
+                     bars=True),
+    ]  # fmt: skip
     if ov.predicted:
         names = {"within_1s": "within 1 s", "within_10s": "within 10 s"}
-        charts.insert(0, series_chart(frame, names | {"disagreement": "cache disagreement"},
-                                      "Grades", percent=True))  # fmt: skip
+        charts.insert(0, series_chart(frame, names | {"disagreement": "disagreement"},
+                                      "Grades", when, percent=True))  # fmt: skip
     for col, chart in zip(st.columns(len(charts)), charts, strict=True):
         col.altair_chart(chart, width="stretch")
 
 
 def series_chart(
-    frame: pl.DataFrame, names: dict[str, str], title: str, *, percent: bool = False,
+    frame: pl.DataFrame, names: dict[str, str], title: str, when: str, *, percent: bool = False,
     bars: bool = False,
 ) -> alt.Chart:  # fmt: skip
     """One line (or stacked bar) per column of ``frame`` named in ``names``, over buckets."""
-    long = frame.unpivot(index="bucket", on=list(names), variable_name="series").with_columns(
-        pl.col("series").replace(names)
-    )
+    long = frame.unpivot(
+        index=["bucket", "end"], on=list(names), variable_name="series"
+    ).with_columns(pl.col("series").replace(names))
     chart = alt.Chart(long, title=title)
-    marked = chart.mark_bar() if bars else chart.mark_line(point=alt.OverlayMarkDef(size=18))
-    return marked.encode(
-        alt.X("bucket:T", title=None),
+    if bars:  # each bar spans its bucket
+        chart = chart.mark_bar(opacity=0.9, orient="vertical").encode(x2="end:T")
+    else:
+        chart = chart.mark_line(point=alt.OverlayMarkDef(size=18))
+    return chart.encode(
+        alt.X("bucket:T", title=None, axis=alt.Axis(format=when, labelAngle=0)),
         alt.Y("value:Q", title=None, stack=True if bars else None,
-              axis=alt.Axis(format="%" if percent else "~s")),
+              scale=alt.Scale(domain=[0, 1]) if percent else alt.Undefined,
+              axis=alt.Axis(format="%" if percent else "~s", labelFlush=False)),
         alt.Color("series:N", title=None, sort=list(names.values()),
-                  legend=alt.Legend(orient="bottom")),
+                  legend=alt.Legend(orient="bottom", labelLimit=0)),
         tooltip=["bucket:T", "series:N",
                  alt.Tooltip("value:Q", format=".1%" if percent else ",.2f")],
     ).properties(height=260)  # fmt: skip
@@ -326,6 +340,9 @@ def predictions_tab(
         return
     if ov.predicted == 0:
         st.info(NO_PREDICTIONS)
+        measured = data.scatter(con, filters, SCATTER_POINTS, predicted=False)
+        if not measured.is_empty():
+            st.altair_chart(measured_chart(measured), width="stretch")
         return
     points = data.scatter(con, filters, SCATTER_POINTS)
     if points.is_empty():
@@ -337,62 +354,34 @@ def predictions_tab(
         "the engine · ○ hollow: it disagreed by at least one block. Shaded: within 1 s."
     )
     st.altair_chart(scatter_chart(points), width="stretch")
-    errors = points.with_columns(
-        pl.when(pl.col("cache_disagreement"))
-        .then(pl.lit("disagrees"))
-        .otherwise(pl.lit("agrees"))
-        .alias("cache")
-    )
-    hist = (
-        alt.Chart(errors, title="Error: predicted − actual (s), clipped to ±30 s")
-        .transform_calculate(clipped="clamp(datum.error_s, -30, 30)")
-        .mark_bar(opacity=0.8)
-        .encode(
-            alt.X("clipped:Q", bin=alt.Bin(maxbins=60), title="seconds (negative: late)"),
-            alt.Y("count():Q", title="requests", stack=True),
-            alt.Color(
-                "cache:N",
-                title="cache view",
-                scale=alt.Scale(domain=["agrees", "disagrees"], range=["#4c78a8", "#f58518"]),
-            ),
-        )
-        .properties(height=260)
-    )
-    st.altair_chart(hist, width="stretch")
+    st.altair_chart(error_histogram(points), width="stretch")
 
 
-def scatter_chart(points: pl.DataFrame) -> alt.LayerChart | alt.FacetChart:
+def scatter_chart(points: pl.DataFrame) -> Layered:
     values = points.select("predicted_ttft_s", "actual_ttft_s").to_numpy()
     lo, hi = max(float(values.min()), 1e-3), float(values.max())
     grid = np.geomspace(lo, hi, 80)
     band = pl.DataFrame({"x": grid, "low": np.maximum(grid - 1.0, lo), "high": grid + 1.0})
-    log_x = alt.Scale(type="log", domain=[lo, hi], nice=False)
-    log_y = alt.Scale(type="log", domain=[lo, hi], nice=False)
-    shade = (
-        alt.Chart(band)
-        .mark_area(opacity=0.15, color="#54a24b")
-        .encode(alt.X("x:Q", scale=log_x), alt.Y("low:Q", scale=log_y), alt.Y2("high:Q"))
-    )
-    diagonal = (
-        alt.Chart(band)
-        .mark_line(color="#888", strokeDash=[4, 4])
-        .encode(alt.X("x:Q", scale=log_x), alt.Y("x:Q", scale=log_y))
-    )
+    log = alt.Scale(type="log", domain=[lo, hi], nice=False)
+    axis = alt.Axis(values=[t for t in LOG_TICKS if lo <= t <= hi], format="~g")
+
+    def xy(x: str, y: str) -> list[Any]:  # every layer the same scales and titles
+        return [alt.X(x, scale=log, axis=axis, title="Predicted TTFT (s)"),
+                alt.Y(y, scale=log, axis=axis, title="Actual TTFT (s)")]  # fmt: skip
+
+    shade = alt.Chart(band).mark_area(opacity=0.15, color="#54a24b")
+    shade = shade.encode(*xy("x:Q", "low:Q"), alt.Y2("high:Q"))
+    diagonal = alt.Chart(band).mark_line(color="#888", strokeDash=[4, 4]).encode(*xy("x:Q", "x:Q"))
     base = alt.Chart(points).encode(
-        alt.X("predicted_ttft_s:Q", scale=log_x, title="Predicted TTFT (s)"),
-        alt.Y("actual_ttft_s:Q", scale=log_y, title="Actual TTFT (s)"),
-        alt.Color("worker_id:N", title="Worker"),
+        *xy("predicted_ttft_s:Q", "actual_ttft_s:Q"),
+        alt.Color("worker_id:N", title="Worker", scale=alt.Scale(scheme="tableau10")),
         tooltip=[
-            "request_id:N",
-            "worker_id:N",
-            "workload_class:N",
-            "prompt_tokens:Q",
+            "request_id:N", "worker_id:N", "workload_class:N", "prompt_tokens:Q",
             alt.Tooltip("predicted_ttft_s:Q", format=".2f"),
             alt.Tooltip("actual_ttft_s:Q", format=".2f"),
-            "credited_cached_tokens:Q",
-            "engine_cached_tokens:Q",
+            "credited_cached_tokens:Q", "engine_cached_tokens:Q",
         ],
-    )
+    )  # fmt: skip
     agree = base.transform_filter("!datum.cache_disagreement").mark_point(
         filled=True, size=22, opacity=0.55
     )
@@ -400,6 +389,51 @@ def scatter_chart(points: pl.DataFrame) -> alt.LayerChart | alt.FacetChart:
         filled=False, size=70, strokeWidth=1.6, opacity=0.9
     )
     return (shade + diagonal + agree + disagree).properties(height=520).interactive()
+
+
+def measured_chart(points: pl.DataFrame) -> alt.Chart:
+    """Without predictions: measured TTFT against prompt size (log axes)."""
+
+    def log_axis(column: str, fmt: str) -> dict[str, Any]:
+        lo, hi = float(points[column].min()), float(points[column].max())  # type: ignore[arg-type]
+        ticks = [t for t in LOG_TICKS if lo <= t <= hi]
+        scale = alt.Scale(type="log", domain=[lo, hi], nice=False)
+        return {"scale": scale, "axis": alt.Axis(values=ticks, format=fmt)}
+
+    return alt.Chart(points, title="Measured TTFT by prompt size").mark_circle(
+        size=22, opacity=0.6
+    ).encode(
+        alt.X("prompt_tokens:Q", title="prompt tokens", **log_axis("prompt_tokens", "~s")),
+        alt.Y("actual_ttft_s:Q", title="Actual TTFT (s)", **log_axis("actual_ttft_s", "~g")),
+        alt.Color("worker_id:N", title="Worker", scale=alt.Scale(scheme="tableau10")),
+        tooltip=["request_id:N", "worker_id:N", "prompt_tokens:Q", "engine_cached_tokens:Q",
+                 alt.Tooltip("actual_ttft_s:Q", format=".2f")],
+    ).properties(height=460)  # fmt: skip
+
+
+def error_histogram(points: pl.DataFrame) -> alt.LayerChart:
+    errors = points.with_columns(
+        pl.when(pl.col("cache_disagreement")).then(pl.lit("disagrees")).otherwise(pl.lit("agrees"))
+        .alias("cache"),
+        pl.col("error_s").clip(-ERROR_CLIP_S, ERROR_CLIP_S).alias("clipped"),
+    )  # fmt: skip
+    bars = (
+        alt.Chart(errors, title=f"Error: predicted − actual (s), clipped to ±{ERROR_CLIP_S:g} s")
+        .mark_bar(opacity=0.85)
+        .encode(
+            alt.X("clipped:Q", bin=alt.Bin(step=0.25),
+                  axis=alt.Axis(values=np.linspace(-ERROR_CLIP_S, ERROR_CLIP_S, 11).tolist(),
+                                format="~g"),
+                  title="seconds (negative: later than predicted)"),
+            alt.Y("count():Q", title="requests", stack=True),
+            alt.Color("cache:N", title="cache view",
+                      scale=alt.Scale(domain=["agrees", "disagrees"],
+                                      range=["#4c78a8", "#f58518"])),
+        )
+    )  # fmt: skip
+    marks = pl.DataFrame({"x": [-1.0, 1.0]})
+    rules = alt.Chart(marks).mark_rule(color="#54a24b", strokeDash=[4, 4]).encode(x="x:Q")
+    return (bars + rules).properties(height=260)
 
 
 # --------------------------------------------------------------------------- fits
@@ -413,95 +447,61 @@ def fits_tab(con: duckdb.DuckDBPyConnection, filters: data.Filters, ov: data.Ove
     cold = data.cold_samples(con, filters, COLD_POINTS_PER_WORKER)
     st.caption(
         "Each worker's prefill curve C(N) = a·N + b·N² (as used by its latest grant) with "
-        "cold samples: served requests whose engine reported nothing cached, with no queue "
-        "ahead at routing and ≥ 128 prompt tokens — their TTFT is about the prefill."
+        "cold requests: served, the engine reported nothing cached, no queue ahead at routing, "
+        f"≥ {data.MIN_COLD_PROMPT_TOKENS} prompt tokens — their TTFT is about the prefill."
     )
     if fits.is_empty():
-        st.info(
-            "**No fits in this lake.** The grants carry no fitted curve (no predictions in "
-            "this lake), so only the cold samples are shown."
-        )
+        st.info("**No fits in this lake** (no predictions in this lake): the grants carry no "
+                "fitted curve, so only the cold requests are shown.")  # fmt: skip
     else:
-        st.dataframe(fit_table(fits), hide_index=True)
+        st.dataframe(data.fit_table(fits), hide_index=True)
     workers = sorted(set(fits["worker_id"].to_list()) | set(cold["worker_id"].to_list()))
     if not workers:
-        note("No cold samples in the selection.")
-        return
+        st.caption("No cold requests in the selection.")
     for start in range(0, len(workers), FIT_COLUMNS):
-        cols = st.columns(FIT_COLUMNS)
-        for col, worker in zip(cols, workers[start : start + FIT_COLUMNS], strict=False):
-            with col:
-                st.altair_chart(fit_chart(worker, fits, cold), width="stretch")
+        row = workers[start : start + FIT_COLUMNS]
+        for col, worker in zip(st.columns(FIT_COLUMNS), row, strict=False):
+            col.altair_chart(fit_chart(worker, fits, cold), width="stretch")
 
 
-def fit_table(fits: pl.DataFrame) -> pl.DataFrame:
-    a_m = pl.col("fit_a") * TOKENS_PER_M
-    b_m = pl.col("fit_b") * TOKENS_PER_M**2
-    return fits.select(
-        pl.col("worker_id").alias("worker"),
-        a_m.round(2).alias("a (s per M tokens)"),
-        b_m.round(2).alias("b (s per M² tokens)"),
-        (0.1 * a_m + 0.01 * b_m).round(2).alias("cold 100k (s)"),
-        (a_m + b_m).round(1).alias("cold 1M (s)"),
-        pl.col("fit_samples").alias("samples"),
-        pl.when(pl.col("fit_default")).then(pl.lit("default")).otherwise(pl.lit("fitted"))
-        .alias("curve"),
-        pl.col("last_used").alias("last used (UTC)"),
-    )  # fmt: skip
-
-
-def fit_chart(
-    worker: str, fits: pl.DataFrame, cold: pl.DataFrame
-) -> alt.LayerChart | alt.FacetChart:
+def fit_chart(worker: str, fits: pl.DataFrame, cold: pl.DataFrame) -> Layered:
     samples = cold.filter(pl.col("worker_id") == worker)
     fit = fits.filter(pl.col("worker_id") == worker)
-    top = float(samples["prompt_tokens"].to_numpy().max()) if samples.height else 0.0
-    title = worker
-    layers: list[alt.Chart] = []
-    if not fit.is_empty():
-        a, b = float(fit["fit_a"][0]), float(fit["fit_b"][0])
-        top = top or 100_000.0
-        n = np.linspace(0.0, top * 1.05, 60)
-        curve = pl.DataFrame({"prompt_tokens": n, "ttft_s": a * n + b * n * n})
-        kind = "default" if fit["fit_default"][0] else f"{fit['fit_samples'][0]} samples"
-        title = f"{worker} · {kind}"
-        layers.append(
-            alt.Chart(curve)
-            .mark_line(color="#e45756", strokeWidth=2)
-            .encode(alt.X("prompt_tokens:Q"), alt.Y("ttft_s:Q"))
-        )
-    dots = (
-        alt.Chart(samples)
-        .mark_circle(size=28, opacity=0.6, color="#4c78a8")
-        .encode(
+    top = float(samples["prompt_tokens"].to_numpy().max()) if samples.height else 100_000.0
+    layers = [
+        alt.Chart(samples).mark_circle(size=28, opacity=0.6, color="#4c78a8").encode(
             alt.X("prompt_tokens:Q", title="prompt tokens", axis=alt.Axis(format="~s")),
             alt.Y("actual_ttft_s:Q", title="TTFT (s)"),
             tooltip=["prompt_tokens:Q", alt.Tooltip("actual_ttft_s:Q", format=".3f")],
         )
-    )
-    subtitle = f"{samples.height} cold samples"
-    chart = alt.layer(dots, *layers).properties(
-        height=240, title=alt.TitleParams(title, subtitle=subtitle, anchor="start")
-    )
-    return chart
+    ]  # fmt: skip
+    curve_note = "no fit"
+    if not fit.is_empty():
+        a, b = float(fit["fit_a"][0]), float(fit["fit_b"][0])
+        n = np.linspace(0.0, top * 1.05, 60)
+        curve = pl.DataFrame({"prompt_tokens": n, "actual_ttft_s": a * n + b * n * n})
+        samples_used = fit["fit_samples"][0]
+        curve_note = (
+            f"{'default curve' if fit['fit_default'][0] else 'fit'} ({samples_used} samples)"
+        )
+        line = alt.Chart(curve).mark_line(color="#e45756", strokeWidth=2)
+        layers.append(line.encode(alt.X("prompt_tokens:Q"), alt.Y("actual_ttft_s:Q")))
+    subtitle = f"{curve_note} · {samples.height} cold requests"
+    title = alt.TitleParams(worker, subtitle=subtitle, anchor="start")
+    return alt.layer(*layers).properties(height=240, title=title)
 
 
 # --------------------------------------------------------------------------- bounds
 
 
-CELL_MEANING: Final = {
-    (True, True): "admitted, met B",
-    (True, False): "underprediction",
-    (False, True): "false alarm (seen via explore)",
-    (False, False): "late, as predicted",
-}
+CELL_MEANING: Final = {  # (predicted ≤ B, actual ≤ B) → what that cell is
+    (True, True): "admitted, met B", (True, False): "underprediction",
+    (False, True): "false alarm (seen via explore)", (False, False): "late, as predicted",
+}  # fmt: skip
 
 
 def bounds_tab(
-    con: duckdb.DuckDBPyConnection,
-    filters: data.Filters,
-    ov: data.Overview,
-    options: data.Options,
+    con: duckdb.DuckDBPyConnection, filters: data.Filters, ov: data.Overview, options: data.Options
 ) -> None:
     if ov.requests == 0:
         st.info("No graded requests match — no bounds to judge yet.")
@@ -512,19 +512,15 @@ def bounds_tab(
         table(summary)
     left, right, _ = st.columns([2, 1, 2], vertical_alignment="bottom")
     scope = left.segmented_control(
-        "Requests",
-        ["carrying the bound", "all served (what-if)"],
+        "Requests", ["carrying the bound", "all served (what-if)"], key="bound_scope",
         default="carrying the bound" if options.bounds else "all served (what-if)",
-        key="bound_scope",
-    )
+    )  # fmt: skip
     what_if = scope == "all served (what-if)"
     if what_if:
         bound = right.number_input(
-            "Bound B (s)",
-            min_value=0.1,
-            value=options.bounds[0] if options.bounds else 10.0,
+            "Bound B (s)", min_value=0.1, value=options.bounds[0] if options.bounds else 10.0,
             key="what_if_bound",
-        )
+        )  # fmt: skip
     elif options.bounds:
         bound = right.selectbox(
             "Bound B (s)", options.bounds, format_func=lambda b: f"{b:g} s", key="bound"
@@ -538,64 +534,55 @@ def bounds_tab(
         if ov.predicted == 0:
             st.info(NO_PREDICTIONS)
         else:
-            note("No served request with a prediction for this bound.")
+            st.caption("No served request with a prediction for this bound.")
         actual_only(matrix)
     else:
         same_side(matrix)
     if not what_if:
         fa = data.false_alarms(con, filters, float(bound))
-        est = fa.explore_estimate
-        dist = fa.distribution_estimate
-        st.caption(
-            f"Rejected with B = {float(bound):g} s: {count(fa.rejected)} · estimated false "
-            f"alarms: {DASH if est is None else f'≈ {est:,.0f}'} (explore), "
-            f"{DASH if dist is None else f'≈ {dist:,.0f}'} (distribution)."
-        )
+        row = st.columns(3)
+        at_b = int(summary.filter(pl.col("bound_s") == float(bound))["requests"].sum())
+        share = f"{pct(fa.rejected / at_b if at_b else None)} of {count(at_b)} requests at B"
+        card(row[0], "Rejected at B", count(fa.rejected), "Rejected with this bound.", share)
+        if fa.rejected:  # nothing rejected, no false alarm to estimate
+            false_alarm_cards(row[1:], fa, " at B")
 
 
 def same_side(matrix: data.BoundMatrix) -> None:
     total = matrix.predicted_total
     agree = matrix.cells[(True, True)] + matrix.cells[(False, False)]
     st.metric(
-        "Same side of the bound",
-        pct(agree / total),
+        "Same side of the bound", pct(agree / total),
         help=f"Predicted and actual TTFT on the same side of B, over {count(total)} served "
         "requests with a prediction.",
-    )
+    )  # fmt: skip
     head = st.columns([1, 2, 2])
     head[1].markdown("**actual ≤ B**")
     head[2].markdown("**actual > B**")
     for predicted in (True, False):
         row = st.columns([1, 2, 2], vertical_alignment="center")
-        row[0].markdown(f"**predicted {'≤' if predicted else '>'} B**")
-        for i, actual in enumerate((True, False), start=1):
+        side = "≤" if predicted else ">"
+        row[0].markdown(f"**predicted {side} B**")
+        for col, actual in zip(row[1:], (True, False), strict=True):
             n = matrix.cells[(predicted, actual)]
-            row[i].metric(
-                f"predicted {'≤' if predicted else '>'} B, actual {'≤' if actual else '>'} B",
-                count(n),
+            col.metric(
+                f"predicted {side} B, actual {'≤' if actual else '>'} B", count(n),
                 delta=f"{n / total:.1%} · {CELL_MEANING[(predicted, actual)]}",
-                delta_color="normal" if predicted == actual else "inverse",
-                delta_arrow="off",
-                label_visibility="collapsed",
-                border=True,
-            )
+                delta_color="normal" if predicted == actual else "inverse", delta_arrow="off",
+                label_visibility="collapsed", border=True,
+            )  # fmt: skip
     if matrix.unpredicted_within or matrix.unpredicted_over:
-        note("Also served without a prediction:")
+        st.caption("Also served without a prediction:")
         actual_only(matrix)
 
 
 def actual_only(matrix: data.BoundMatrix) -> None:
-    total = matrix.unpredicted_within + matrix.unpredicted_over
-    cols = st.columns(2)
-    for col, (label, n) in zip(
-        cols,
-        (("actual ≤ B", matrix.unpredicted_within), ("actual > B", matrix.unpredicted_over)),
-        strict=True,
-    ):
-        col.metric(
-            label, count(n), delta=pct(n / total if total else None), delta_arrow="off",
-            delta_color="off", border=True,
-        )  # fmt: skip
+    within, over = matrix.unpredicted_within, matrix.unpredicted_over
+    total = within + over
+    sides = (("actual ≤ B", within), ("actual > B", over))
+    for col, (label, n) in zip(st.columns(2), sides, strict=True):
+        card(col, label, count(n), f"Served requests with this bound, {label}.",
+             pct(n / total if total else None))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- page

@@ -3,7 +3,8 @@ connection on a grading lake (``LAKE/graded/hour=…/part-*.parquet``).
 
 The connection comes from :func:`open_lake`: the project's SQL views
 (``grading.views.connect``) when that module is importable, otherwise a small in-memory
-DuckDB with one view ``graded`` over ``read_parquet(…, hive_partitioning = true)``; a
+DuckDB with one view ``graded`` over ``read_parquet(…, hive_partitioning = true)`` that
+keeps the latest written row per request id (``grading.lake``'s read-side dedupe); a
 lake with no files yet gets an empty, typed ``graded`` table instead. Every query reads
 only ``graded`` and takes its filters as ``?`` parameters — the SQL text is fixed, never
 built from user input. Each query runs on its own cursor, so one connection serves every
@@ -22,15 +23,17 @@ from typing import Any, Final
 import duckdb
 import polars as pl
 
-from fleet.replay import HOUR_PARTITION, LAKE_TABLE, graded_frame
+from grading.lake import HOUR_PARTITION, LAKE_TABLE, PART_GLOB, graded_frame
 from predictor.fit import MIN_COLD_PROMPT_TOKENS
 
-PARQUET_GLOB: Final = "*/part-*.parquet"  # under LAKE/graded; hidden .tmp files never match
+PARQUET_GLOB: Final = f"*/{PART_GLOB}"  # under LAKE/graded
+READ_ATTEMPTS: Final = 3  # a compaction may delete a listed file mid-query: run it again
 BINS_PER_DECADE: Final = 4  # predicted-TTFT bins for the distribution-based false alarms
 MIN_BIN_SUPPORT: Final = 20  # served requests a bin needs before it estimates anything
-TREND_WIDTHS_S: Final = (3600, 900, 300, 60, 10)  # hour first; finer for short lakes
+TREND_WIDTHS_S: Final = (3600, 900, 300, 60, 10, 5, 1)  # hour first; finer for short lakes
 MIN_TREND_BUCKETS: Final = 8
 QUANTILES: Final = (0.5, 0.95, 0.99)
+TOKENS_PER_M: Final = 1e6
 
 
 # --------------------------------------------------------------------------- connection
@@ -40,13 +43,16 @@ def lake_files(lake_dir: str | Path) -> list[Path]:
     return sorted((Path(lake_dir) / LAKE_TABLE).glob(PARQUET_GLOB))
 
 
-def open_lake(lake_dir: str | Path) -> duckdb.DuckDBPyConnection:
-    """A connection whose ``graded`` view (or table) holds the lake's records."""
+def open_lake(lake_dir: str | Path, *, views: bool = True) -> duckdb.DuckDBPyConnection:
+    """A connection whose ``graded`` view (or table) holds the lake's records; ``views``:
+    the project's views when importable (else, or when False, the fallback)."""
     if not lake_files(lake_dir):
         return _empty_lake()
     try:
         from grading.views import connect  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
+        views = False
+    if not views:
         return _parquet_view(lake_dir)
     con: duckdb.DuckDBPyConnection = connect(lake_dir)
     try:  # the queries run on cursors: the view must be visible to them
@@ -61,8 +67,9 @@ def _parquet_view(lake_dir: str | Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     pattern = str(Path(lake_dir).resolve() / LAKE_TABLE / PARQUET_GLOB).replace("'", "''")
     con.execute(  # DDL cannot take parameters; the path is the operator's, quoted above
-        "CREATE VIEW graded AS SELECT * FROM read_parquet("
-        f"'{pattern}', hive_partitioning = true, union_by_name = true)"
+        "CREATE VIEW graded AS SELECT * EXCLUDE (filename) FROM read_parquet("
+        f"'{pattern}', hive_partitioning = true, union_by_name = true, filename = true)"
+        " QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY filename DESC) = 1"
     )
     return con
 
@@ -114,8 +121,14 @@ WITH g AS (
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
-    with con.cursor() as cur:
-        return cur.sql(sql, params=params).pl()
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            with con.cursor() as cur:
+                return cur.sql(sql, params=params).pl()
+        except duckdb.IOException:
+            if attempt == READ_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _row(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> dict[str, Any]:
@@ -178,6 +191,8 @@ class Overview:
     actual_q: list[float] | None  # actual TTFT of served requests at QUANTILES
     cache_known: int
     disagreeing: int
+    predicted_agreeing: int  # predicted (as above) and the cache view agreed
+    predicted_disagreeing: int
     within_1s_agreeing: float | None
     within_1s_disagreeing: float | None
     promised: int  # admitted and predicted within their bound (served, so graded)
@@ -208,6 +223,8 @@ SELECT
     quantile_cont(actual_ttft_s, ?::DOUBLE[]) FILTER (status = 'served') AS actual_q,
     count(*) FILTER (status = 'served' AND cache_disagreement IS NOT NULL) AS cache_known,
     count(*) FILTER (status = 'served' AND cache_disagreement) AS disagreeing,
+    count(*) FILTER ({GRADED_SERVED} AND NOT cache_disagreement) AS predicted_agreeing,
+    count(*) FILTER ({GRADED_SERVED} AND cache_disagreement) AS predicted_disagreeing,
     avg((abs(error_s) <= 1)::INT)
         FILTER ({GRADED_SERVED} AND NOT cache_disagreement) AS within_1s_agreeing,
     avg((abs(error_s) <= 1)::INT)
@@ -379,9 +396,11 @@ ORDER BY 1
 # --------------------------------------------------------------------------- predictions
 
 
-def scatter(con: duckdb.DuckDBPyConnection, filters: Filters, limit: int) -> pl.DataFrame:
-    """Served requests with a positive prediction and TTFT (log axes), a stable sample of
-    at most ``limit``."""
+def scatter(
+    con: duckdb.DuckDBPyConnection, filters: Filters, limit: int, *, predicted: bool = True
+) -> pl.DataFrame:
+    """Served requests with a positive TTFT — and, if ``predicted``, a positive prediction
+    (log axes) — a stable sample of at most ``limit``."""
     sql = (
         FILTERED
         + """
@@ -390,12 +409,12 @@ SELECT request_id, model, worker_id, workload_class, prompt_tokens,
        credited_cached_tokens, engine_cached_tokens,
        coalesce(cache_disagreement, false) AS cache_disagreement
 FROM g
-WHERE status = 'served' AND predicted_ttft_s > 0 AND actual_ttft_s > 0
+WHERE status = 'served' AND actual_ttft_s > 0 AND (NOT ? OR predicted_ttft_s > 0)
 ORDER BY hash(request_id)
 LIMIT ?
 """
     )
-    return _frame(con, sql, [*filters.params(), limit])
+    return _frame(con, sql, [*filters.params(), predicted, limit])
 
 
 def fits(con: duckdb.DuckDBPyConnection, filters: Filters) -> pl.DataFrame:
@@ -416,6 +435,23 @@ ORDER BY worker_id
 """
     )
     return _frame(con, sql, filters.params())
+
+
+def fit_table(fits: pl.DataFrame) -> pl.DataFrame:
+    """:func:`fits` for people: a and b per million tokens (as PRODUCT.md quotes them) and
+    what a cold 100k / 1M-token prompt costs."""
+    a_m, b_m = pl.col("fit_a") * TOKENS_PER_M, pl.col("fit_b") * TOKENS_PER_M**2
+    return fits.select(
+        pl.col("worker_id").alias("worker"),
+        a_m.round(2).alias("a (s per M tokens)"),
+        b_m.round(2).alias("b (s per M² tokens)"),
+        (0.1 * a_m + 0.01 * b_m).round(2).alias("cold 100k (s)"),
+        (a_m + b_m).round(1).alias("cold 1M (s)"),
+        pl.col("fit_samples").alias("samples"),
+        pl.when(pl.col("fit_default")).then(pl.lit("default")).otherwise(pl.lit("fitted"))
+        .alias("curve"),
+        pl.col("last_used").alias("last used (UTC)"),
+    )  # fmt: skip
 
 
 def cold_samples(con: duckdb.DuckDBPyConnection, filters: Filters, per_worker: int) -> pl.DataFrame:

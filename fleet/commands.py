@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import fleet.predictor_policy  # noqa: F401  (registers the "predictor" policy)
 from fleet.load import run_load, write_results_parquet
 from fleet.policy import make_policy
 from fleet.replay import (

@@ -51,6 +51,7 @@ from grading.join import DEFAULT_TIMEOUT_S, GradingJoin
 from predictor.index import PrefixIndex
 from predictor.service import Predictor, PredictorConfig
 from streams.records import (
+    CandidatePrediction,
     Graded,
     Grant,
     KvEvent,
@@ -292,9 +293,26 @@ class PredictorPolicy:
         )
         grant = self.predictor.route(wire, now_s, now_s).grant
         self.counters.decisions += 1
-        self.predictor.on_grant(grant, now_s)
-        self._graded(self.join.on_grant(grant, now_s), now_s)
+        self.on_grant(grant, now_s)
         return decision_from_grant(grant)
+
+    def on_grant(self, grant: Grant, t_s: float) -> None:
+        """A grant as it arrives on ``grants``: its own (a no-op for the queues, which took
+        it at decision time) or another router's or replica's, as a read replica
+        follows the decisions it did not make. Into the queue model and the join."""
+        self.predictor.on_grant(grant, t_s)
+        self._graded(self.join.on_grant(grant, t_s), t_s)
+
+    def predict_on(self, request: RouteRequest, worker_id: WorkerId) -> CandidatePrediction | None:
+        """This predictor's prediction for ``request`` on one worker, without deciding
+        (None when that worker is not a candidate)."""
+        tokens = _token_tuple(request.token_ids)
+        for candidate in self.predictor.predict(
+            request.model, tokens, request.arrival_s, request.prompt_tokens
+        ):
+            if candidate.prediction.worker_id == worker_id:
+                return candidate.prediction
+        return None
 
 
 def _finite_or_none(value: float | None) -> float | None:

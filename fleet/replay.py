@@ -19,14 +19,11 @@ Every request yields one :class:`~streams.records.Graded` record, in arrival ord
 ``error`` (the chosen engine could never hold it: :class:`~fleet.engine.RequestTooLarge`).
 ``ts`` is the arrival as a Unix timestamp: ``EPOCH_BASE_TS`` + virtual seconds.
 
-**Lake layout** (:func:`write_lake`, read by the grading lake and DuckDB)::
-
-    OUT_DIR/graded/hour=YYYY-MM-DDTHH/part-<uuid>.parquet
-
-one Parquet file per UTC hour of ``ts`` per call, columns = the ``Graded`` fields (the
-``hour`` column comes from the path: ``read_parquet('OUT_DIR/graded/*/*.parquet',
-hive_partitioning = true)``). A file is written under a ``.tmp`` name and renamed, so a
-reader never sees a partial file; repeated calls add files, never rewrite them.
+**Lake** (:func:`write_lake`): the records go through the one lake writer,
+:class:`grading.lake.LakeWriter` (layout, write-then-rename and idempotency are described
+there): one Parquet file per UTC hour of ``ts`` per call under
+``OUT_DIR/graded/hour=YYYY-MM-DDTHH/``, columns = the ``Graded`` fields; repeated calls add
+files, never rewrite them.
 """
 
 from __future__ import annotations
@@ -34,16 +31,13 @@ from __future__ import annotations
 import heapq
 import math
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import msgspec
 import numpy as np
-import polars as pl
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -73,13 +67,18 @@ from fleet.traces import (
     load_mooncake,
 )
 from foretoken.ids import ModelName, RequestId, WorkerId
+from grading.lake import (  # noqa: F401  (re-exported: the lake's writer is grading.lake)
+    HOUR_FORMAT,
+    HOUR_PARTITION,
+    LAKE_TABLE,
+    US_PER_S,
+    graded_frame,
+    graded_schema,
+    write_lake,
+)
 from streams.records import Graded, KvEvent
 
 EPOCH_BASE_TS = datetime(2025, 1, 1, tzinfo=UTC).timestamp()
-LAKE_TABLE = "graded"
-HOUR_PARTITION = "hour"
-HOUR_FORMAT = "%Y-%m-%dT%H"
-US_PER_S = 1_000_000
 PERCENTILES = (50.0, 95.0, 99.0)
 PROGRESS_EVERY = 64
 # Heap entry kinds: a step's end, KV events inside a decode run, a decode run's end.
@@ -440,55 +439,6 @@ def summary(records: Sequence[Graded]) -> dict[str, Any]:
         "cache_hit_rate": cached / prompt if prompt else None,
         "per_worker": dict(sorted(per_worker.items())),
     }
-
-
-# ---------------------------------------------------------------------------- lake
-
-
-def _polars_type(info: msgspec.inspect.Type) -> pl.DataType:
-    if isinstance(info, msgspec.inspect.UnionType):
-        (inner,) = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
-        return _polars_type(inner)
-    if isinstance(info, msgspec.inspect.BoolType):
-        return pl.Boolean()
-    if isinstance(info, msgspec.inspect.IntType):
-        return pl.Int64()
-    if isinstance(info, msgspec.inspect.FloatType):
-        return pl.Float64()
-    if isinstance(info, msgspec.inspect.StrType | msgspec.inspect.LiteralType):
-        return pl.String()
-    raise TypeError(f"no lake column type for {info!r}")
-
-
-def graded_schema() -> dict[str, pl.DataType]:
-    """The lake's columns: every ``Graded`` field, typed (stable when a column is all null)."""
-    info = msgspec.inspect.type_info(Graded)
-    assert isinstance(info, msgspec.inspect.StructType)
-    return {f.name: _polars_type(f.type) for f in info.fields}
-
-
-def graded_frame(records: Sequence[Graded]) -> pl.DataFrame:
-    return pl.DataFrame(msgspec.to_builtins(list(records)), schema=graded_schema(), orient="row")
-
-
-def write_lake(records: Sequence[Graded], out_dir: str | Path) -> list[Path]:
-    """Append ``records`` to the hour-partitioned lake under ``out_dir`` (layout in the
-    module docstring); returns the files written."""
-    frame = graded_frame(records).with_columns(
-        pl.from_epoch((pl.col("ts") * US_PER_S).cast(pl.Int64), time_unit="us")
-        .dt.strftime(HOUR_FORMAT)
-        .alias(HOUR_PARTITION)
-    )
-    written: list[Path] = []
-    for (hour,), part in frame.group_by(HOUR_PARTITION, maintain_order=True):
-        directory = Path(out_dir) / LAKE_TABLE / f"{HOUR_PARTITION}={hour}"
-        directory.mkdir(parents=True, exist_ok=True)
-        target = directory / f"part-{uuid.uuid4().hex}.parquet"
-        temporary = target.with_name(f".{target.name}.tmp")
-        part.drop(HOUR_PARTITION).write_parquet(temporary)
-        temporary.rename(target)
-        written.append(target)
-    return written
 
 
 # ---------------------------------------------------------------------------- what-if

@@ -245,6 +245,31 @@ def load(
     print(dumps(summary))
 
 
+@bench_app.command("router")
+def bench_router(quick: bool = typer.Option(False, help="Short windows, lower rate.")) -> None:
+    """Router's added latency vs calling the engines directly, and no grant lost, under load."""
+    _bench(["router"], quick)
+
+
+@app.command()
+def dashboard(
+    lake: str = typer.Option(..., help="The grading lake directory."),
+    port: int = typer.Option(8501, help="Port of the dashboard."),
+    refresh_s: float = typer.Option(0.0, help="Auto-refresh every N seconds (0: off)."),
+) -> None:
+    """The Streamlit dashboard over a grading lake."""
+    import os
+    from pathlib import Path
+
+    app_path = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
+    args = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless",
+            "true", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+            "--", "--lake", lake]  # fmt: skip
+    if refresh_s:
+        args += ["--refresh-s", str(refresh_s)]
+    os.execv(sys.executable, args)
+
+
 @app.command()
 def demo(
     config: str | None = ConfigOpt,

@@ -67,6 +67,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     route_url: str = ""
     # Past this the router decides alone (fallback policy) and marks the grant `fallback`.
     route_timeout_s: float = 0.25
+    # After a failed route call, use the fallback for this long before asking again.
+    route_retry_after_failure_s: float = 0.5
     engine_timeout_s: float = 600.0
     max_body_bytes: int = 32 * 1024 * 1024
     min_queue_wait_s: float = 5.0

@@ -275,7 +275,7 @@ class Predictor:
             return None
         for c in candidates:
             wid = c.prediction.worker_id
-            idle = self.queues[wid].outstanding_count == 0
+            idle = all(o.first_token_s is not None for o in self.queues[wid].outstanding())
             if self.fits.curve(wid).default and idle and self._meets(req, c):
                 return c
         return None
@@ -306,7 +306,11 @@ class Predictor:
         queue = self.queues.get(wid)
         if queue is None:
             return
-        was_idle = queue.outstanding_count == 0
+        # "Alone" for a prefill sample: no other prompt waiting or prefilling here when it
+        # was sent, and none sent before its first token. Requests that are only decoding
+        # are allowed: under steady load a worker is rarely empty, and a decode adds
+        # milliseconds per step to a prefill of hundreds of milliseconds or more.
+        was_idle = all(o.first_token_s is not None for o in queue.outstanding())
         if queue.add(rid, sent_s, n, cached, expected):
             for other in queue.outstanding():
                 if other.request_id != rid and other.first_token_s is None:

@@ -15,6 +15,7 @@ client session and the server in one small dependency that the worker (Faust) al
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -74,6 +75,9 @@ class RouterState:
     tokenizers: Tokenizers = field(default_factory=Tokenizers)
     outstanding: dict[str, int] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
+    # After a route-service failure, decide alone until then (monotonic s): a circuit breaker
+    # so that an overloaded route service is not asked again and again at full timeout.
+    route_down_until: float = 0.0
     # Client request ids answered 429: (first seen, attempts). A retry is a new attempt with
     # its own grant (``<id>~<n>``), and the time since the first try counts as waited.
     attempts: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
@@ -233,6 +237,9 @@ async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
     )  # fmt: skip
     assert state.session is not None
     cfg = state.settings.router
+    if time.monotonic() < state.route_down_until:
+        state.metrics.fallbacks.labels("circuit_open").inc()
+        return fallback(state, p)
     reason = "error"
     try:
         async with state.session.post(
@@ -250,6 +257,7 @@ async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
     except (aiohttp.ClientError, msgspec.DecodeError, msgspec.ValidationError):
         reason = "unavailable"
     state.metrics.fallbacks.labels(reason).inc()
+    state.route_down_until = time.monotonic() + cfg.route_retry_after_failure_s
     return fallback(state, p)
 
 
@@ -344,7 +352,8 @@ async def complete(request: web.Request, chat: bool) -> web.StreamResponse:
     _complete_outcome(state, p, worker, engine, arrived, measured, status, error)
     state.metrics.requests.labels(status).inc()
     if client is not None:
-        await client.write_eof()
+        with contextlib.suppress(ConnectionResetError):  # the client left after [DONE]
+            await client.write_eof()
         return client
     if measured is None or status != "ok":
         code = measured.engine_status if measured is not None else 502

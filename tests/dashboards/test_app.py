@@ -11,12 +11,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import polars as pl
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fleet.replay import write_lake
+from grading.lake import write_lake
 from streams.records import Graded
 
 APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
@@ -217,7 +218,9 @@ def test_false_alarm_estimate_from_explore(monkeypatch: pytest.MonkeyPatch, lake
     rejected = df.filter(pl.col("status") == "rejected").height
     assert explored.height and rejected, "the synthetic lake explores and rejects"
     at = run_app(monkeypatch, lake)
-    assert metrics(at)["Est. false alarms · explore"] == f"≈ {met / explored.height * rejected:,.0f}"
+    assert (
+        metrics(at)["Est. false alarms · explore"] == f"≈ {met / explored.height * rejected:,.0f}"
+    )
     assert metrics(at)["Rejected with a bound"] == f"{rejected:,}"
 
 
@@ -331,6 +334,7 @@ def test_lake_without_predictions_says_so_on_every_page(
     notes = [i.value for i in at.info]
     assert sum(NO_PREDICTIONS in n for n in notes) >= 3  # overview, predictions, bounds
     assert any("No fits in this lake" in n for n in notes)
+    assert len(at.tabs[1].get("vega_lite_chart")) == 1  # measured TTFT instead of the scatter
     df = frame(plain_lake)
     shown, want = metrics(at), expected_grades(df)
     assert shown["Served / rejected"] == want["Served / rejected"]
@@ -365,9 +369,7 @@ def test_no_lake_configured_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None
     assert not at.tabs
 
 
-def test_new_files_show_up_on_the_next_run(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_new_files_show_up_on_the_next_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Live use: the lake grows (from empty) between runs; each run reads what is there."""
     lake = tmp_path / "live"
     at = run_app(monkeypatch, lake)
@@ -380,6 +382,31 @@ def test_new_files_show_up_on_the_next_run(
     at.run()
     assert not at.exception
     assert metrics(at)["Served / rejected"] == expected_grades(frame(lake))["Served / rejected"]
+
+
+def test_a_redelivered_record_counts_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    records = synthetic_records(300, predictions=True)
+    write_lake(records, lake)
+    write_lake(records[:100], lake)  # delivered at least once: some requests arrive again
+    at = run_app(monkeypatch, lake)
+    once = expected_grades(frame(lake).unique("request_id"))
+    assert metrics(at)["Served / rejected"] == once["Served / rejected"]
+    assert metrics(at)["Within 1 s"] == once["Within 1 s"]
+
+
+@pytest.mark.parametrize("views", [True, False], ids=["grading-views", "fallback"])
+def test_both_lake_readers_keep_the_latest_row_per_request(tmp_path: Path, views: bool) -> None:
+    from dashboards.data import open_lake
+
+    records = synthetic_records(200, predictions=True)
+    write_lake(records, tmp_path)
+    write_lake([msgspec.structs.replace(r, prompt_tokens=7) for r in records[:50]], tmp_path)
+    want = frame(tmp_path).with_row_index().sort("index").unique("request_id", keep="last")
+    con = open_lake(tmp_path, views=views)
+    got = con.sql("SELECT request_id, prompt_tokens FROM graded ORDER BY request_id").pl()
+    assert got.rows() == want.select("request_id", "prompt_tokens").sort("request_id").rows()
+    assert got.filter(pl.col("prompt_tokens") == 7).height == 50
 
 
 def test_refresh_interval_comes_from_the_environment(

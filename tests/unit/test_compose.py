@@ -14,7 +14,7 @@ from foretoken.settings import ENV_VARS
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = {"kafka", "worker", "router", "fleet", "dashboard"}
 # Services whose subcommand a later issue adds (dashboard: #7).
-PENDING = {"dashboard"}
+PENDING: set[str] = set()
 
 
 def _compose() -> dict:

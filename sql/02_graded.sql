@@ -1,0 +1,38 @@
+-- One row per request id — the latest written — with the grades of PRODUCT.md §4.
+--
+-- Dedupe: a request's re-deliveries keep its ts, hence its hour, and the writer never puts
+-- a request id twice in one file; so only hours with more than one file can hold
+-- duplicates, and only those rows go through the (costly) per-request-id dedupe, which
+-- keeps the row of the file whose name sorts last (file names carry the write sequence).
+-- A compacted hour has one file and passes straight through.
+--
+-- Derived columns. TTFT grades belong to served requests, and the lake holds actual_ttft_s
+-- and error_s only on served rows (grading/lake.py enforces it), so these are NULL on any
+-- other row without a test of the status:
+--   abs_error_s = |predicted − actual|; within_1s / within_10s = abs_error_s ≤ 1 / ≤ 10;
+--   predicted_within_bound = predicted ≤ B; actual_within_bound = actual ≤ B (B =
+--   max_queue_wait_s); underprediction = admitted ∧ predicted ≤ B ∧ actual > B.
+WITH multi_file_hours AS (
+    SELECT hour FROM lake_files GROUP BY hour HAVING count(*) > 1
+),
+latest AS (
+    SELECT * FROM graded_raw
+    WHERE hour NOT IN (SELECT hour FROM multi_file_hours)
+    UNION ALL
+    (
+        SELECT * FROM graded_raw
+        WHERE hour IN (SELECT hour FROM multi_file_hours)
+        QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY filename DESC) = 1
+    )
+)
+SELECT
+    * EXCLUDE (filename),
+    filename AS source_file,
+    abs(error_s) AS abs_error_s,
+    abs(error_s) <= 1 AS within_1s,
+    abs(error_s) <= 10 AS within_10s,
+    predicted_ttft_s <= max_queue_wait_s AS predicted_within_bound,
+    actual_ttft_s <= max_queue_wait_s AS actual_within_bound,
+    admitted AND predicted_ttft_s <= max_queue_wait_s AND actual_ttft_s > max_queue_wait_s
+        AS underprediction
+FROM latest

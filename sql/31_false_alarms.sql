@@ -1,0 +1,52 @@
+-- False alarms, the direct estimate (PRODUCT.md §4). A false alarm is a rejected request
+-- that would have been served within its bound B; a rejected request never gets a TTFT, so
+-- a small random fraction of would-be rejections is admitted anyway, flagged explore.
+-- Per B: the fraction of explore admissions served within B (any other outcome counts as
+-- not within) with its 95% Wilson score interval, and the estimated false alarms among the
+-- rejected = rejected × that fraction (interval scaled alike). The model-based estimate
+-- (from served requests) is grading/false_alarms.py.
+WITH per_bound AS (
+    SELECT
+        max_queue_wait_s AS bound_s,
+        count(*) FILTER (NOT admitted) AS rejected,
+        count(*) FILTER (admitted AND explore) AS explore_admitted,
+        count(*) FILTER (admitted AND explore AND actual_within_bound) AS explore_within
+    FROM graded
+    WHERE max_queue_wait_s IS NOT NULL
+    GROUP BY max_queue_wait_s
+),
+fraction AS (
+    SELECT
+        *,
+        1.959963984540054 AS z,  -- the standard normal's 97.5% point: a 95% interval
+        explore_admitted AS n,
+        explore_within / nullif(explore_admitted, 0) AS p
+    FROM per_bound
+),
+wilson AS (
+    SELECT
+        *,
+        (p + z * z / (2 * n)) / (1 + z * z / n) AS center,
+        z / (1 + z * z / n) * sqrt(p * (1 - p) / n + z * z / (4 * n * n)) AS half_width
+    FROM fraction
+),
+bounded AS (  -- greatest/least skip NULLs: no explore admission leaves the interval NULL
+    SELECT
+        *,
+        CASE WHEN n > 0 THEN greatest(center - half_width, 0.0) END AS lo,
+        CASE WHEN n > 0 THEN least(center + half_width, 1.0) END AS hi
+    FROM wilson
+)
+SELECT
+    bound_s,
+    rejected,
+    explore_admitted,
+    explore_within,
+    p AS within_fraction,
+    lo AS within_fraction_lo,
+    hi AS within_fraction_hi,
+    rejected * p AS estimated_false_alarms,
+    rejected * lo AS estimated_false_alarms_lo,
+    rejected * hi AS estimated_false_alarms_hi
+FROM bounded
+ORDER BY bound_s
