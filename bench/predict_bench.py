@@ -1,10 +1,12 @@
 """TTFT prediction accuracy and routing quality on the Mooncake trace (PRODUCT.md §1, §4).
 
-``python -m bench.predict_bench [--quick]`` prints one JSON object. Everything runs in
+``python -m bench.predict_bench [--quick] [--limit N]`` prints one JSON object (full mode:
+the first ``FULL_REQUESTS`` requests of the trace; ``--limit 0``: all). Everything runs in
 virtual time (:func:`fleet.replay.replay`) on the ``hetero`` fleet, at load factors 0.8,
 1.0, 1.3 × the trace's :func:`~fleet.replay.capacity_speedup` ("estimate": an ideal router
-reusing every prefix seen earlier, no decode or step overheads) and × a "calibrated"
-capacity, the same estimate with no prefix reuse (``reuse_prefixes=False``).
+reusing every prefix seen earlier, no decode or step overheads), and × a "calibrated"
+capacity: the knee of least-outstanding-tokens (TTFT p95 = ``CALIBRATION_P95_S``), found by
+bisection as a fraction of the no-reuse estimate (:func:`calibrate`).
 
 **(a) Accuracy** (``accuracy``): per load, one replay where the live predictor
 (:class:`~fleet.predictor_policy.PredictorPolicy`, cold start, learning online) routes
@@ -25,8 +27,8 @@ trace's last ``PROFILE_REQUESTS`` requests (unique content), round-robin, one ev
 Grades over served requests: within 1 s / 10 s, |error| p50/p95/p99, bias; as requests
 carry no bound here, the same-side-of-bound counts against B = 5, 10, 30 s:
 underpredicted (predicted ≤ B < actual), would-have-been false alarm (predicted > B ≥
-actual); cache disagreement, within 1 s split by agreement; how many requests could have
-been the live fit's cold samples (``cold_sample_supply``).
+actual); cache disagreement, within 1 s split by agreement; how many requests were fully
+cold and alone (``cold_sample_supply``) next to the samples the live fit took.
 
 **(b) Routing quality** (``routing``): per load, one replay per policy (``predictor``,
 ``round-robin``, ``least-outstanding-tokens``) with bounds from ``BOUND_MIX``: goodput
@@ -70,6 +72,9 @@ POLICIES = ("predictor", PROFILED_POLICY, "round-robin", "least-outstanding-toke
 BASELINES = ("mooncake", "linear_rate", "request_count")
 PROFILED = "predictor_profiled"  # the live predictor's replica, fits warm-started
 QUICK_REQUESTS = 250
+# Full mode replays the trace's first FULL_REQUESTS requests (about 20 minutes of traffic):
+# the whole trace (``--limit 0``) takes hours on a 2-CPU machine. Docs report which.
+FULL_REQUESTS = 4000
 PROFILE_REQUESTS = 480
 QUICK_PROFILE_REQUESTS = 160
 PROFILE_GAP_S = 2.0  # round-robin over 8 workers: one request per worker every 16 s
@@ -337,9 +342,10 @@ def accuracy(records: Sequence[Graded], shadow: ShadowBaselines) -> dict[str, An
 
 
 def cold_sample_supply(records: Sequence[Graded]) -> dict[str, int]:
-    """How many served requests could be cold prefill samples: nothing cached (engine
-    says 0), alone on their worker until their first token, both (what the live fit
-    accepts, prompts of at least ``MIN_PROMPT_TOKENS``)."""
+    """Served requests (prompts of at least ``MIN_PROMPT_TOKENS``) with nothing cached
+    (the engine says 0), alone (no other request on the worker, decoding or not, between
+    their arrival and first token), and both: what a fit restricted to fully cold, fully
+    alone samples could learn from (the live fit also takes reused prefixes and decoders)."""
     served = _Served.of(records)
     alone = np.zeros(len(served.ttft_s), dtype=bool)
     for worker in np.unique(served.worker):
@@ -542,10 +548,13 @@ def _arrange(jobs: Sequence[Job], results: Sequence[dict[str, Any]]) -> dict[str
 
 def run(quick: bool, *, limit: int | None = None, workers: int | None = None,
         loads: Sequence[float] = LOADS, kinds: Sequence[str] | None = None) -> dict:  # fmt: skip
-    """The whole benchmark (module doc) as one JSON-serializable dict. Quick mode: the
-    first ``QUICK_REQUESTS`` requests, the estimated capacity only, a coarse calibration."""
+    """The whole benchmark (module doc) as one JSON-serializable dict: the first ``limit``
+    requests (default ``FULL_REQUESTS``; 0 = all). Quick mode: ``QUICK_REQUESTS``
+    requests, the estimated capacity only, a coarse calibration."""
     started = time.perf_counter()
-    limit = limit if limit is not None or not quick else QUICK_REQUESTS
+    if limit is None:
+        limit = QUICK_REQUESTS if quick else FULL_REQUESTS
+    limit = limit or None  # 0: the whole trace
     kinds = kinds or (CAPACITY_KINDS[:1] if quick else CAPACITY_KINDS)
     fleet, trace = load_fleet(FLEET), load_mooncake(limit=limit)
     calibration = calibrate(min(len(trace), CALIBRATION_REQUESTS), 3 if quick else 6)
@@ -576,7 +585,7 @@ def run(quick: bool, *, limit: int | None = None, workers: int | None = None,
 def main() -> None:
     parser = argparse.ArgumentParser(description="TTFT accuracy and routing (JSON on stdout).")
     parser.add_argument("--quick", action="store_true", help=f"first {QUICK_REQUESTS} requests")
-    parser.add_argument("--limit", type=int, default=None, help="first N requests of the trace")
+    parser.add_argument("--limit", type=int, default=None, help="first N requests; 0 = all")
     parser.add_argument("--workers", type=int, default=None, help="parallel replay processes")
     parser.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS))
     parser.add_argument("--capacity", default=None, help="estimate and/or calibrated")

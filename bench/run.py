@@ -13,6 +13,8 @@ from typing import Any
 BENCHMARKS: dict[str, str] = {
     "index": "bench.index_bench",
     "router": "bench.router_bench",
+    "lake": "bench.lake_bench",
+    "predict": "bench.predict_bench",
 }
 OUT_DIR = Path(".run/bench")
 

@@ -132,7 +132,7 @@ class PolicyCounters:
     kv_batches: int = 0
     outcomes: int = 0
     graded: int = 0
-    cold_samples: int = 0
+    cold_samples: int = 0  # graded records the fits took as prefill samples
 
 
 class PredictorPolicy:
@@ -170,12 +170,14 @@ class PredictorPolicy:
             self.register(registration)
 
     @classmethod
-    def for_fleet(cls, fleet: FleetSpec, seed: int = 0, **kwargs: object) -> PredictorPolicy:
+    def for_fleet(
+        cls, fleet: FleetSpec, seed: int = 0, *, config: PredictorConfig | None = None
+    ) -> PredictorPolicy:
         """A policy for a simulated fleet, registered from each engine's reported fields
         (with GPU blocks, which the generic :class:`FleetView` does not carry)."""
         view = FleetView([WorkerInfo.from_spec(spec) for spec in fleet.engines])
         regs = [registration_from_spec(spec) for spec in fleet.engines]
-        return cls(view, seed, registrations=regs, **kwargs)  # type: ignore[arg-type]
+        return cls(view, seed, registrations=regs, config=config)
 
     # ------------------------------------------------------------------ observations
 
@@ -185,6 +187,7 @@ class PredictorPolicy:
         if registration.removed:
             self.index.remove_worker(wid)
             self._registrations.pop(wid, None)
+            self._models.pop(wid, None)
         else:
             self.index.register_worker(
                 wid, registration.model, registration.block_size, eagle=registration.eagle

@@ -245,10 +245,53 @@ def load(
     print(dumps(summary))
 
 
+@bench_app.command("predict")
+def bench_predict(quick: bool = typer.Option(False, help="A few hundred requests.")) -> None:
+    """Prediction accuracy and routing quality against baselines, on the Mooncake trace."""
+    _bench(["predict"], quick)
+
+
+@bench_app.command("lake")
+def bench_lake(quick: bool = typer.Option(False, help="1 M rows instead of 10 M.")) -> None:
+    """accuracy_by_hour on a generated lake, against the same aggregation in polars."""
+    _bench(["lake"], quick)
+
+
 @bench_app.command("router")
 def bench_router(quick: bool = typer.Option(False, help="Short windows, lower rate.")) -> None:
     """Router's added latency vs calling the engines directly, and no grant lost, under load."""
     _bench(["router"], quick)
+
+
+@app.command()
+def report(
+    lake: str = typer.Option(..., help="The grading lake directory."),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of tables."),
+) -> None:
+    """The grades of a lake (PRODUCT.md §4): accuracy, bounds, false alarms, cache."""
+    import json
+
+    from rich.console import Console
+
+    from grading.report import render
+    from grading.report import report as build
+
+    summary = build(lake)
+    if as_json:
+        print(json.dumps(summary, indent=1, default=str))
+    else:
+        render(summary, Console())
+
+
+@app.command()
+def sql(
+    query: str | None = typer.Argument(None, help="One query; none: an interactive shell."),
+    lake: str = typer.Option(".run/lake", help="The grading lake directory."),
+) -> None:
+    """DuckDB with the views of sql/ over the lake attached."""
+    from grading.report import sql_shell
+
+    raise typer.Exit(sql_shell(lake, query))
 
 
 @app.command()

@@ -266,6 +266,8 @@ SERVED_PAIRS: Final = """
 SELECT predicted_ttft_s, actual_ttft_s FROM graded
 WHERE status = 'served' AND predicted_ttft_s > 0 AND actual_ttft_s > 0
 """
+# A uniform sample of the fit rows, drawn by DuckDB (integers only are formatted in).
+SAMPLE: Final = "SELECT * FROM ({pairs}) USING SAMPLE reservoir({rows} ROWS) REPEATABLE ({seed})"
 REJECTED: Final = """
 SELECT coalesce(predicted_ttft_s, 'NaN'::DOUBLE) AS predicted_ttft_s, max_queue_wait_s
 FROM graded WHERE NOT admitted AND max_queue_wait_s IS NOT NULL
@@ -274,7 +276,9 @@ FROM graded WHERE NOT admitted AND max_queue_wait_s IS NOT NULL
 
 def estimate(con: duckdb.DuckDBPyConnection, **options: Any) -> dict[str, Any]:
     """Both estimates per bound, from the lake behind ``con`` (:func:`grading.views.connect`)."""
-    served = query(con, SERVED_PAIRS)
+    fit_rows = int(options.get("fit_rows", FIT_ROWS))
+    seed = int(options.get("seed", SEED))
+    served = query(con, SAMPLE.format(pairs=SERVED_PAIRS, rows=fit_rows, seed=seed))
     rejected = query(con, REJECTED)
     model = model_based(
         served["predicted_ttft_s"].to_numpy(),
@@ -286,6 +290,6 @@ def estimate(con: duckdb.DuckDBPyConnection, **options: Any) -> dict[str, Any]:
     return {
         "model_based": [e.to_dict() for e in model],
         "model_method": METHOD,
-        "model_fit_rows": min(served.height, options.get("fit_rows", FIT_ROWS)),
+        "model_fit_rows": served.height,
         "direct": rows(con, "SELECT * FROM false_alarms"),
     }

@@ -11,9 +11,9 @@ Layout (read by the DuckDB views in ``sql/``, see :mod:`grading.views`)::
   flushed to disk and renamed; a rename is atomic, so a reader's glob sees a whole file
   or none, never a partial one. Files are never rewritten in place.
 * **Write order.** ``<seq>`` is the writer's clock in nanoseconds (20 digits, strictly
-  increasing within a process), so within an hour directory the file names sort in the
-  order they were written; "the latest written" row of a request is the one in the file
-  whose name sorts last.
+  increasing within a process; across processes, the wall clock at the start of the
+  write), so within an hour directory the file names sort in the order they were written;
+  "the latest written" row of a request is the one in the file whose name sorts last.
 
 **Served-only grades.** ``actual_ttft_s`` and ``error_s`` are kept on served rows only
 (the grading join never sets them otherwise; :func:`served_only_grades` makes it a

@@ -408,3 +408,36 @@ def test_accuracy_by_hour_matches_an_independent_polars_computation(tmp_path: Pa
             ), name
         else:
             assert left == right, name
+
+
+class _FlakyCursor:
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    def __enter__(self) -> _FlakyCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def sql(self, sql: str, params: object = None) -> Any:
+        if self.fail:
+            raise duckdb.IOException("IO Error: Cannot open file (compacted away)")
+        return duckdb.sql("SELECT 42 AS answer")
+
+
+class _Flaky:
+    """A connection whose first query races a compaction."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def cursor(self) -> _FlakyCursor:
+        self.failures -= 1
+        return _FlakyCursor(self.failures >= 0)
+
+
+def test_a_query_that_races_a_compaction_is_run_again() -> None:
+    assert query(_Flaky(failures=1), "SELECT 42").item() == 42  # type: ignore[arg-type]
+    with pytest.raises(duckdb.IOException):
+        query(_Flaky(failures=5), "SELECT 42")  # type: ignore[arg-type]
