@@ -34,6 +34,7 @@ GROUP_VIEWS: Final = {
 }
 RENDERED_HOURS: Final = 24
 SHELL_MAX_ROWS: Final = 200
+SHELL_DIGITS: Final = 6  # significant digits of a float in the shell
 PROMPT: Final = "sql> "
 QUIT: Final = (".quit", ".exit", r"\q")
 
@@ -224,14 +225,21 @@ def render(summary: Mapping[str, Any], console: Console) -> None:
 # --------------------------------------------------------------------------- shell
 
 
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    return f"{value:.{SHELL_DIGITS}g}" if isinstance(value, float) else str(value)
+
+
 def frame_table(frame: pl.DataFrame, max_rows: int = SHELL_MAX_ROWS) -> Table:
     """A polars frame as a rich table (its first ``max_rows`` rows)."""
     table = Table(caption=f"{frame.height:,} rows" + (
         f" (first {max_rows:,} shown)" if frame.height > max_rows else ""))  # fmt: skip
     for name, dtype in frame.schema.items():
-        table.add_column(name, justify="right" if dtype.is_numeric() else "left")
+        numeric = dtype.is_numeric()  # fold long values onto more lines, never elide them
+        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
     for row in frame.head(max_rows).iter_rows():
-        table.add_row(*["NULL" if v is None else str(v) for v in row])
+        table.add_row(*[_cell(v) for v in row])
     return table
 
 
