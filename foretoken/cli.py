@@ -251,6 +251,12 @@ def bench_predict(quick: bool = typer.Option(False, help="A few hundred requests
     _bench(["predict"], quick)
 
 
+@bench_app.command("route")
+def bench_route(quick: bool = typer.Option(False, help="100 requests/s, short windows.")) -> None:
+    """Route service latency over HTTP at 500 requests/s (32k-token prompts, 16 workers)."""
+    _bench(["route"], quick)
+
+
 @bench_app.command("lake")
 def bench_lake(quick: bool = typer.Option(False, help="1 M rows instead of 10 M.")) -> None:
     """accuracy_by_hour on a generated lake, against the same aggregation in polars."""

@@ -8,7 +8,7 @@ in-flight estimate derives it) → *decoding* (first token seen) → *finished* 
 seen, cancelled, failed, or expired because no outcome came).
 
 Events are recorded in O(1) and applied lazily, in time order, to an
-:class:`~predictor.replay.InFlightEstimate` (a running simulation of the engine's
+:class:`~predictor.inflight.InFlightEstimate` (a running simulation of the engine's
 scheduler) when a prediction asks for the queue at ``now`` with the worker's current
 :class:`~predictor.replay.StepCost`. ``add`` is idempotent by request id (the route
 service adds at decision time; the grant that arrives later must not count twice), and
@@ -25,8 +25,8 @@ from typing import Final, TypeVar
 import msgspec
 
 from foretoken.ids import RequestId
+from predictor.inflight import InFlightEstimate
 from predictor.replay import (
-    InFlightEstimate,
     NewRequest,
     QueueState,
     ReplayResult,

@@ -144,6 +144,32 @@ def prefill_span(prompt_tokens: int, cached_tokens: int) -> tuple[int, int]:
 
 # ----------------------------------------------------------------------------- the core
 
+
+@dataclass(frozen=True, slots=True)
+class Stretch:
+    """``steps`` identical engine steps from ``start_s``, as recorded for a replay of the
+    future: each step lasts ``per_step_s`` plus the prefill of ``chunks`` ((tokens computed
+    before the stretch, tokens per step) of each partial prefill), leaves ``budget_left``
+    tokens of the step budget unused, runs ``running`` sequences and leaves ``waiting``
+    ones waiting."""
+
+    start_s: float
+    steps: int
+    per_step_s: float
+    chunks: tuple[tuple[int, int], ...]
+    budget_left: int
+    running: int
+    waiting: int
+
+    def end_of_step_s(self, j: int, cost: StepCost) -> float:
+        """When the stretch's ``j``-th step (1-based) ends."""
+        chunk_s = cost.chunk_s
+        total_s = self.start_s + j * self.per_step_s
+        for computed, size in self.chunks:
+            total_s += chunk_s(computed, computed + j * size)
+        return total_s
+
+
 _WAITING: Final = 0
 _PREFILLING: Final = 1
 _DECODING: Final = 2
@@ -191,6 +217,8 @@ class _Scheduler:
         self.free_at_s = -math.inf
         self.steps = 0
         self.next_order = 0
+        # When a list: every stretch run is appended to it (see predictor.replay_future).
+        self.record: list[Stretch] | None = None
 
     @property
     def idle(self) -> bool:
@@ -247,6 +275,14 @@ class _Scheduler:
         elif steps >= _UNBOUNDED:
             raise ValueError("an unbounded stretch needs a time bound")
         self.free_at_s = start_s + steps * per_step_s + self._prefill_s(sizes, steps, cost)
+        if self.record is not None:
+            chunks = tuple(
+                (seq.computed, size) for seq, size in zip(self.prefilling, sizes, strict=False)
+            )
+            left = self.budget - decoders - sum(sizes)
+            running = len(self.prefilling) + len(self.dec_orders)
+            stretch = Stretch(start_s, steps, per_step_s, chunks, left, running, len(self.waiting))
+            self.record.append(stretch)
         self._advance(sizes, decoders, steps)
         return True
 
@@ -467,163 +503,3 @@ def projected_drain_s(
     """Seconds from ``now_s`` until every prompt now in the queue is prefilled (nothing
     waits to prefill any more): when a retry would find the worker's queue drained."""
     return _run_to_drain(_scheduler_from(settings, queue_state), now_s, cost)
-
-
-# ----------------------------------------------------------------------------- in flight
-
-
-class InFlightEstimate:
-    """A running simulation of one worker's engine over the requests sent to it, keyed
-    by an id, advanced lazily (:meth:`advance`) and corrected by observations."""
-
-    def __init__(self, settings: SchedulerSettings) -> None:
-        self.settings = settings
-        self._scheduler = _Scheduler(settings, retire=False)
-        self._seqs: dict[object, _Seq] = {}
-
-    @property
-    def running_count(self) -> int:
-        return self._scheduler.running_count
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._seqs
-
-    def advance(self, until_s: float, cost: StepCost) -> None:
-        """Simulate every step that starts before ``until_s`` (the last may end after it)."""
-        scheduler = self._scheduler
-        while scheduler.run_stretch(cost, until_s):
-            pass
-
-    def arrive(
-        self, key: object, at_s: float, prompt_tokens: int, cached_tokens: int, output_tokens: int
-    ) -> None:
-        """A request reaches the engine's waiting queue at ``at_s`` (after :meth:`advance`
-        to ``at_s``; an earlier ``at_s`` is taken as a late correction)."""
-        if key in self._seqs:
-            return
-        first, prompt = prefill_span(prompt_tokens, cached_tokens)
-        seq = _Seq(first, first, prompt, max(output_tokens, MIN_OUTPUT_TOKENS_LEFT), key)
-        self._wake(at_s)
-        self._scheduler.waiting.append(seq)
-        self._seqs[key] = seq
-
-    def first_token(self, key: object, at_s: float) -> None:
-        """The request's first token was seen: its prompt is done, it decodes."""
-        seq = self._seqs.get(key)
-        if seq is None or seq.seen:
-            return
-        seq.seen = True
-        scheduler = self._scheduler
-        if seq.where == _DECODING:
-            return
-        if seq.where == _WAITING:
-            self._wake(at_s)
-            scheduler.waiting.remove(seq)
-            seq.order = scheduler.next_order
-            scheduler.next_order += 1
-        else:
-            scheduler.prefilling.remove(seq)
-        seq.computed = seq.end
-        scheduler.start_decoding(seq, seq.expected - 1)
-
-    def remove(self, key: object) -> None:
-        seq = self._seqs.pop(key, None)
-        if seq is None:
-            return
-        scheduler = self._scheduler
-        if seq.where == _WAITING:
-            scheduler.waiting.remove(seq)
-        elif seq.where == _PREFILLING:
-            scheduler.prefilling.remove(seq)
-        else:
-            scheduler.drop_decoder(seq)
-
-    def phase(self, key: object) -> Phase | None:
-        seq = self._seqs.get(key)
-        if seq is None:
-            return None
-        if seq.seen:
-            return "decoding"
-        return "queued" if seq.where == _WAITING else "prefilling"
-
-    def prefill_tokens_left(self, key: object) -> int | None:
-        """Prompt tokens still to compute (clamped: ≥ one chunk without a first token)."""
-        seq = self._seqs.get(key)
-        if seq is None:
-            return None
-        if seq.seen:
-            return 0
-        return seq.end - self._unconfirmed(seq).computed
-
-    def state(self) -> QueueState:
-        """The estimate as a replay starts from it (see :meth:`predict`)."""
-        scheduler, _ = self._replay_copy()
-        base = scheduler.steps
-        running = [(s.order, SeqState(s.end, s.computed, s.left)) for s in scheduler.prefilling]
-        running += [
-            (order, SeqState(s.end, s.end, done - base))
-            for order, done, s in zip(
-                scheduler.dec_orders, scheduler.dec_done, scheduler.dec_seqs, strict=True
-            )
-        ]
-        running.sort(key=lambda item: item[0])
-        return QueueState(
-            free_at_s=scheduler.free_at_s,
-            running=tuple(state for _, state in running),
-            waiting=tuple(SeqState(s.end, s.computed, s.left) for s in scheduler.waiting),
-        )
-
-    def predict(self, new_request: NewRequest, now_s: float, cost: StepCost) -> ReplayResult:
-        """:func:`replay_until_first_token` from :meth:`state` (after :meth:`advance`).
-        A request without a first token has at least its last chunk to compute and all
-        its output left; one with a first token has what the simulation has not yet
-        produced of its expected output (at least one token)."""
-        scheduler, tokens_ahead = self._replay_copy()
-        return _run_to_first_token(scheduler, new_request, now_s, cost, tokens_ahead)
-
-    def drain_s(self, now_s: float, cost: StepCost) -> float:
-        """:func:`projected_drain_s` from :meth:`state` (after :meth:`advance`)."""
-        return _run_to_drain(self._replay_copy()[0], now_s, cost)
-
-    def _wake(self, at_s: float) -> None:
-        scheduler = self._scheduler
-        if scheduler.idle:
-            scheduler.free_at_s = max(scheduler.free_at_s, at_s)
-
-    def _unconfirmed(self, seq: _Seq) -> _Seq:
-        """A copy of a running sequence without a first token, keeping its last chunk."""
-        computed = min(seq.computed, seq.end - self._scheduler.min_chunk(seq))
-        copy = _Seq(seq.first, computed, seq.end, seq.expected, seq.key)
-        copy.order = seq.order
-        copy.where = _PREFILLING
-        return copy
-
-    def _replay_copy(self) -> tuple[_Scheduler, int]:
-        """A scheduler for a replay of the future, at the estimate's step count (decoders
-        are shared: a replay never changes them), and the prefill tokens it has left."""
-        source = self._scheduler
-        scheduler = _Scheduler(self.settings, retire=True)
-        scheduler.free_at_s = source.free_at_s
-        scheduler.next_order = source.next_order
-        scheduler.steps = base = source.steps
-        prefilling = [self._unconfirmed(s) for s in source.prefilling]
-        seen = [s.seen for s in source.dec_seqs]
-        if all(seen):
-            scheduler.dec_orders = source.dec_orders.copy()
-            scheduler.dec_done = source.dec_done.copy()
-            scheduler.dec_seqs = source.dec_seqs.copy()
-        else:  # the estimate ran ahead of the engine: those keep their last chunk
-            prefilling += [self._unconfirmed(s) for s in source.dec_seqs if not s.seen]
-            prefilling.sort(key=_admission_order)
-            scheduler.dec_orders = list(compress(source.dec_orders, seen))
-            scheduler.dec_done = list(compress(source.dec_done, seen))
-            scheduler.dec_seqs = list(compress(source.dec_seqs, seen))
-        done = scheduler.dec_done
-        if done and min(done) < base + MIN_OUTPUT_TOKENS_LEFT:  # outlived their estimate
-            scheduler.dec_done = [max(d, base + MIN_OUTPUT_TOKENS_LEFT) for d in done]
-        scheduler.prefilling = prefilling
-        for seq in source.waiting:
-            scheduler.waiting.append(_Seq(seq.first, seq.computed, seq.end, seq.expected))
-        tokens_ahead = sum(s.end - s.computed for s in prefilling)
-        tokens_ahead += sum(s.end - s.computed for s in scheduler.waiting)
-        return scheduler, tokens_ahead

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from foretoken.ids import ModelName, RequestId, WorkerId
@@ -175,11 +176,11 @@ class Predictor:
         return CurveStepCost(curve.cost_s, step.overhead_s, step.per_seq_s)
 
     def predict(
-        self, model: ModelName, token_ids: tuple[int, ...] | list[int], now_s: float,
+        self, model: ModelName, token_ids: Sequence[int], now_s: float,
         prompt_tokens: int | None = None,
     ) -> list[Candidate]:  # fmt: skip
         n = len(token_ids) if token_ids else (prompt_tokens or 0)
-        hits = self.index.lookup(model, list(token_ids)) if token_ids else {}
+        hits = self.index.lookup(model, token_ids) if token_ids else {}
         out: list[Candidate] = []
         for wid, reg in self.workers.items():
             if reg.model != model or not _fits(reg, n):
@@ -209,8 +210,8 @@ class Predictor:
         known = self.decisions.get(req.request_id)
         if known is not None:
             return known
-        candidates = self.predict(req.model, req.token_ids, now_s, req.prompt_tokens)
-        n = len(req.token_ids) or req.prompt_tokens
+        candidates = self.predict(req.model, req.tokens(), now_s, req.prompt_tokens)
+        n = req.prompt_length
         if not candidates:
             served = any(r.model == req.model for r in self.workers.values())
             reason, retry = (
@@ -270,7 +271,7 @@ class Predictor:
         would never be chosen and never learn its curve (its first samples are cheap: it is
         idle, and a prefill sample needs an idle worker). Not when most of the prompt is
         cached somewhere: throwing a large hit away costs more than the sample is worth."""
-        n = len(req.token_ids) or req.prompt_tokens
+        n = req.prompt_length
         if any(c.cached_tokens * LEARNER_MAX_CACHED_SHARE > n for c in candidates):
             return None
         for c in candidates:

@@ -37,7 +37,7 @@ from router.fallback import least_outstanding
 from router.publisher import Publisher
 from router.tokenize import Tokenizers
 from streams.engines import EngineConfig
-from streams.records import Grant, Outcome, RouteRequest, RouteResponse
+from streams.records import Grant, Outcome, RouteRequest, RouteResponse, pack_token_ids
 
 log = logging.getLogger(__name__)
 STATE: web.AppKey[RouterState] = web.AppKey("state")
@@ -188,6 +188,8 @@ def _tokens(state: RouterState, body: dict[str, Any], chat: bool) -> list[int]:
         return state.tokenizers.for_model(body["model"]).encode(chat_to_text(messages))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        if not all(0 <= t < 1 << 32 for t in prompt):
+            raise BadRequest("token ids must be integers in [0, 2**32)")
         return list(prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -229,7 +231,7 @@ def too_many(grant: Grant) -> web.Response:
 
 async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
     route = RouteRequest(
-        request_id=p.request_id, model=p.model, token_ids=tuple(p.token_ids),
+        request_id=p.request_id, model=p.model, packed_token_ids=pack_token_ids(p.token_ids),
         prompt_tokens=len(p.token_ids), max_queue_wait_s=p.max_queue_wait_s,
         already_waited_s=p.already_waited_s, workload_class=p.workload_class,
         prefer_cache_hit=p.prefer_cache_hit, conversation_id=p.conversation_id,
@@ -244,8 +246,8 @@ async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
     try:
         async with state.session.post(
             f"{state.settings.route_url}/v1/route",
-            data=msgspec.json.encode(route),
-            headers={"Content-Type": "application/json"},
+            data=msgspec.msgpack.encode(route),
+            headers={"Content-Type": "application/msgpack"},
             timeout=aiohttp.ClientTimeout(total=cfg.route_timeout_s),
         ) as resp:
             if resp.status == 200:

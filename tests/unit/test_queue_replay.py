@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from foretoken.ids import RequestId
+from predictor.inflight import InFlightEstimate
 from predictor.queue import Phase, WorkerQueue
 from predictor.replay import (
     CurveStepCost,
-    InFlightEstimate,
     NewRequest,
     QueueState,
     SeqState,

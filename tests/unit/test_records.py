@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from typing import Any
@@ -149,3 +150,18 @@ def test_engine_hashes_normalize_to_u64(value: int | bytes, expected: int) -> No
 def test_out_of_range_hashes_are_refused(bad: int | bytes) -> None:
     with pytest.raises(DecodeError):
         normalize_engine_hash(bad)
+
+
+def test_a_route_request_carries_its_tokens_packed() -> None:
+    from streams.records import RouteRequest, decode, encode, pack_token_ids
+
+    ids = [0, 1, 50_000, 2**32 - 1]
+    req = RouteRequest(request_id="r", model="m", packed_token_ids=pack_token_ids(ids))
+    for wire in ("json", "msgpack"):
+        back = decode(encode(req, wire), RouteRequest)
+        assert list(back.tokens()) == ids and back.prompt_length == 4
+    with pytest.raises(DecodeError, match="4 bytes per token"):
+        decode(b'{"request_id":"r","model":"m","packed_token_ids":"AAAA"}', RouteRequest)
+    both = {"request_id": "r", "model": "m", "token_ids": [1], "packed_token_ids": "AAAAAA=="}
+    with pytest.raises(DecodeError, match="not both"):
+        decode(json.dumps(both).encode(), RouteRequest)

@@ -1,0 +1,364 @@
+"""Route service latency over HTTP (issue #6, benchmark b; PRODUCT.md §3 "Route service").
+
+``python -m bench.route_bench [--quick] [--rate R] [--seconds S]`` prints one JSON object.
+It starts the Faust worker (the route service) as a real process on topics of its own, on
+a broker that answers (else the project's local one, started and stopped here), and tells
+it, through the real topics, about ``WORKERS`` workers of one model: their registrations,
+and KV events that put ``DOCUMENTS`` shared 16k-token prefixes on two workers each.
+
+Then, open loop at ``rate`` requests/s (evenly spaced), ``POST /v1/route`` with
+``PROMPT_TOKENS``-token prompts (a shared prefix + a unique suffix, packed token ids in
+msgpack as the router sends them), timed from send to the full response. The bench plays
+the engines: for every admitted request it publishes a ``first_token`` outcome when the
+prediction says (at most ``MAX_TTFT_S`` later) and a ``completion`` ``DECODE_S`` after it,
+so that the worker's queue models stay at a steady depth, and the route service works
+while its agents consume outcomes and KV events, as in production.
+
+Baseline, in the same run and process: ``GET /healthz`` on the same worker at the same
+rate (the HTTP stack, the Faust web server and this client), in windows alternating with
+the route windows (A B A B); reported as the route's percentiles minus the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import numpy as np
+from aiokafka import AIOKafkaProducer
+
+from foretoken.ids import EngineBlockHash, ModelName, RequestId, WorkerId
+from foretoken.settings import Settings, load_settings
+from ops import kafka_local
+from ops.procs import foretoken_cmd, get_json, spawn, stop, wait_http
+from streams.produce import record_key
+from streams.records import (
+    BlockStored,
+    KvEventBatch,
+    Outcome,
+    Record,
+    RouteRequest,
+    RouteResponse,
+    SchedulerSettings,
+    WorkerEndpoints,
+    WorkerRegistration,
+    encode,
+    pack_token_ids,
+)
+from streams.topics import ensure_topics
+
+WORKERS = 16
+PROMPT_TOKENS = 32_768
+PREFIX_TOKENS = 16_384
+DOCUMENTS = 32
+BLOCK = 16
+MODEL = ModelName("bench-route-32k")
+MAX_TTFT_S = 1.0
+DECODE_S = 0.5
+START_TIMEOUT_S = 120.0
+RID_PLACEHOLDER = "r" + "0" * 11
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def registrations(now: float) -> list[WorkerRegistration]:
+    return [_registration(i, now) for i in range(WORKERS)]
+
+
+def _registration(i: int, now: float) -> WorkerRegistration:
+    return WorkerRegistration(
+        worker_id=WorkerId(f"rb-{i:02d}"), model=MODEL, engine="vllm", engine_version="bench",
+        block_size=BLOCK, endpoints=WorkerEndpoints(http_url=f"http://127.0.0.1:9/rb-{i:02d}"),
+        scheduler=SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=256),
+        gpu_blocks=200_000, config_hash="bench", ts=now,
+    )  # fmt: skip
+
+
+def documents(rng: random.Random) -> list[list[int]]:
+    return [[rng.randrange(1, 150_000) for _ in range(PREFIX_TOKENS)] for _ in range(DOCUMENTS)]
+
+
+def kv_batches(docs: list[list[int]], now: float) -> list[KvEventBatch]:
+    """Each document's blocks stored on two workers (engine hashes: arbitrary, distinct)."""
+    out: list[KvEventBatch] = []
+    seq: dict[int, int] = {}
+    for d, doc in enumerate(docs):
+        blocks = len(doc) // BLOCK
+        hashes = tuple(EngineBlockHash(((d + 1) << 32) | k) for k in range(blocks))
+        stored = BlockStored(block_hashes=hashes, token_ids=tuple(doc), block_size=BLOCK)
+        for w in ((2 * d) % WORKERS, (2 * d + 1) % WORKERS):
+            seq[w] = seq.get(w, -1) + 1
+            out.append(KvEventBatch(worker_id=WorkerId(f"rb-{w:02d}"), model=MODEL, seq=seq[w],
+                                    ts=now, events=(stored,)))  # fmt: skip
+    return out
+
+
+def body_templates(docs: list[list[int]], rng: random.Random, count: int) -> list[bytes]:
+    """msgpack bodies with a fixed-width request id to replace (no encoding per request)."""
+    out = []
+    for i in range(count):
+        suffix = [rng.randrange(1, 150_000) for _ in range(PROMPT_TOKENS - PREFIX_TOKENS)]
+        req = RouteRequest(
+            request_id=RequestId(RID_PLACEHOLDER), model=MODEL,
+            packed_token_ids=pack_token_ids(docs[i % len(docs)] + suffix),
+            prompt_tokens=PROMPT_TOKENS,
+        )  # fmt: skip
+        out.append(msgspec.msgpack.encode(req))
+    return out
+
+
+class Engines:
+    """Plays the engines: outcomes for admitted requests, published through Kafka."""
+
+    def __init__(self, producer: AIOKafkaProducer, settings: Settings) -> None:
+        self.producer, self.settings = producer, settings
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.published = 0
+
+    def admitted(self, resp: RouteResponse) -> None:
+        task = asyncio.create_task(self._play(resp))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _play(self, resp: RouteResponse) -> None:
+        g = resp.grant
+        assert g.worker_id is not None
+        ttft = min(g.predicted_ttft_s or 0.0, MAX_TTFT_S)
+        await asyncio.sleep(ttft)
+        await self._send(Outcome(request_id=g.request_id, ts=time.time(), kind="first_token",
+                                 worker_id=g.worker_id, actual_ttft_s=ttft,
+                                 engine_cached_tokens=g.cached_tokens))  # fmt: skip
+        await asyncio.sleep(DECODE_S)
+        await self._send(Outcome(request_id=g.request_id, ts=time.time(), kind="completion",
+                                 worker_id=g.worker_id, actual_ttft_s=ttft, output_tokens=16,
+                                 e2e_s=ttft + DECODE_S))  # fmt: skip
+
+    async def _send(self, record: Record) -> None:
+        await send(self.producer, self.settings, "outcomes", record)
+        self.published += 1
+
+
+async def send(producer: AIOKafkaProducer, settings: Settings, logical: str, rec: Record) -> None:
+    await producer.send(settings.topic(logical), key=record_key(logical, rec),
+                        value=encode(rec, settings.wire_format))  # fmt: skip
+
+
+async def window(
+    session: aiohttp.ClientSession, url: str, rate: float, seconds: float,
+    bodies: list[bytes] | None, engines: Engines | None, counter: list[int],
+) -> dict[str, Any]:  # fmt: skip
+    """One open-loop window: latencies (s) of the requests, and their statuses."""
+    n = int(rate * seconds)
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    lag: list[float] = []
+
+    async def one(i: int) -> None:
+        started = time.perf_counter()
+        try:
+            if bodies is None:
+                async with session.get(url) as resp:
+                    await resp.read()
+                    status = str(resp.status)
+            else:
+                counter[0] += 1
+                rid = f"r{counter[0]:011d}"
+                body = bodies[i % len(bodies)].replace(RID_PLACEHOLDER.encode(), rid.encode(), 1)
+                async with session.post(
+                    url, data=body, headers={"Content-Type": "application/msgpack"}
+                ) as resp:
+                    raw = await resp.read()
+                    status = str(resp.status)
+                if resp.status == 200 and engines is not None:
+                    decided = msgspec.json.decode(raw, type=RouteResponse)
+                    status = "admitted" if decided.grant.admitted else "rejected"
+                    if decided.grant.admitted:
+                        engines.admitted(decided)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            status = type(exc).__name__
+        latencies.append(time.perf_counter() - started)
+        statuses[status] = statuses.get(status, 0) + 1
+
+    tasks = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        due = t0 + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        lag.append(max(0.0, time.perf_counter() - due))
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    return {"latencies": latencies, "statuses": statuses, "lag": lag,
+            "achieved_rps": n / max(time.perf_counter() - t0, 1e-9)}  # fmt: skip
+
+
+def _ms(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1e3, 3) if values else None
+
+
+def summary(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    lat = [x for w in windows for x in w["latencies"]]
+    lag = [x for w in windows for x in w["lag"]]
+    statuses: dict[str, int] = {}
+    for w in windows:
+        for k, v in w["statuses"].items():
+            statuses[k] = statuses.get(k, 0) + v
+    return {
+        "requests": len(lat), "statuses": statuses,
+        "p50_ms": _ms(lat, 50), "p90_ms": _ms(lat, 90), "p99_ms": _ms(lat, 99),
+        "max_ms": _ms(lat, 100),
+        "dispatch_lag_p99_ms": _ms(lag, 99),
+        "achieved_rps": round(float(np.mean([w["achieved_rps"] for w in windows])), 1),
+    }  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drive(settings: Settings, worker_url: str, worker_pid: int, rate: float,
+                seconds: float, rounds: int) -> dict[str, Any]:  # fmt: skip
+    rng = random.Random(7)
+    docs = documents(rng)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers,
+                                linger_ms=5, max_request_size=8 << 20)  # fmt: skip
+    await producer.start()
+    try:
+        now = time.time()
+        for reg in registrations(now):
+            await send(producer, settings, "workers", reg)
+        for batch in kv_batches(docs, now):
+            await send(producer, settings, "kv_events", batch)
+        await producer.flush()
+        cache_url = f"{worker_url}/v1/cache/{MODEL}"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                page = get_json(cache_url)
+                if len(page["workers"]) == WORKERS and all(
+                    w.get("blocks", {}).get("GPU", 0) > 0 for w in page["workers"].values()
+                ):
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the route service did not learn the workers and their cache")
+            await asyncio.sleep(0.5)
+        bodies = body_templates(docs, rng, 64)
+        engines = Engines(producer, settings)
+        counter = [0]
+        connector = aiohttp.TCPConnector(limit=0)
+        route_w: list[dict[str, Any]] = []
+        base_w: list[dict[str, Any]] = []
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            route_url, health_url = f"{worker_url}/v1/route", f"{worker_url}/healthz"
+            # warm-up: fills the queue models to their steady depth (not counted)
+            await window(session, route_url, rate, min(seconds, 3.0), bodies, engines, counter)
+            cpu0, wall0 = cpu_seconds(worker_pid), time.monotonic()
+            route_cpu = 0.0
+            for _ in range(rounds):
+                base_w.append(await window(session, health_url, rate, seconds, None, None, counter))
+                c0 = cpu_seconds(worker_pid)
+                route_w.append(
+                    await window(session, route_url, rate, seconds, bodies, engines, counter)
+                )
+                route_cpu += cpu_seconds(worker_pid) - c0
+            wall = time.monotonic() - wall0
+            stats = get_json(f"{worker_url}/v1/stats")
+        await asyncio.gather(*list(engines.tasks), return_exceptions=True)
+        route, base = summary(route_w), summary(base_w)
+        routed = route["requests"]
+        return {
+            "route": route,
+            "baseline_healthz": base,
+            "route_minus_baseline_ms": {
+                k: round(route[k] - base[k], 3) for k in ("p50_ms", "p90_ms", "p99_ms")
+            },
+            "worker_cpu": {
+                "cores_overall": round((cpu_seconds(worker_pid) - cpu0) / wall, 3),
+                "ms_per_route_request": round(route_cpu / max(routed, 1) * 1e3, 3),
+            },
+            "outcomes_published": engines.published,
+            "worker_consumed": stats.get("consumed"),
+        }
+    finally:
+        await producer.stop()
+
+
+def run(quick: bool, *, rate: float | None = None, seconds: float | None = None) -> dict[str, Any]:
+    rate = rate or (100.0 if quick else 500.0)
+    seconds = seconds or (2.0 if quick else 8.0)
+    rounds = 1 if quick else 3
+    base = load_settings()
+    started = False
+    if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
+        _status, started = kafka_local.up(base)
+    tmp = Path(tempfile.mkdtemp(prefix="foretoken-route-bench-"))
+    prefix, port = f"rt{uuid.uuid4().hex[:8]}-", _free_port()
+    env = {
+        "FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}bench",
+        "FORETOKEN_WEB_PORT": str(port), "FORETOKEN_WORKER_DATA_DIR": str(tmp / "worker-data"),
+        "FORETOKEN_LOG_LEVEL": "warn", "KAFKA_BOOTSTRAP_SERVERS": base.kafka.bootstrap_servers,
+    }  # fmt: skip
+    settings = load_settings(env={**os.environ, **env})
+    proc = None
+    try:
+        asyncio.run(ensure_topics(settings))
+        proc = spawn(foretoken_cmd("worker"), env, tmp / "worker.log")
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/healthz", START_TIMEOUT_S, proc)
+        result = asyncio.run(drive(settings, url, proc.pid, rate, seconds, rounds))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            print((tmp / "worker.log").read_text()[-3000:], file=sys.stderr)
+        raise
+    finally:
+        if proc is not None:
+            stop(proc)
+        if started:
+            kafka_local.down(base)
+    setup = {
+        "workers": WORKERS, "prompt_tokens": PROMPT_TOKENS, "rate_rps": rate,
+        "window_s": seconds, "rounds": rounds, "documents": DOCUMENTS,
+        "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
+    }  # fmt: skip
+    return {
+        "setup": setup,
+        **result,
+        "target": {"route_p99_ms_at_most": 5.0},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rate", type=float)
+    parser.add_argument("--seconds", type=float)
+    args = parser.parse_args()
+    print(json.dumps(run(args.quick, rate=args.rate, seconds=args.seconds), indent=2))
+
+
+if __name__ == "__main__":
+    main()

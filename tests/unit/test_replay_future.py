@@ -1,0 +1,78 @@
+"""The recorded future (predictor/replay_future.py): walking a new request through a
+queue's recorded steps gives what a full replay with the request in it gives."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given
+
+from predictor.inflight import InFlightEstimate
+from predictor.replay import (
+    NewRequest,
+    _scheduler_from,
+    projected_drain_s,
+    replay_until_first_token,
+)
+from predictor.replay_future import Future
+from tests.unit.test_queue_replay import (
+    COST,
+    NOW,
+    PROPERTY,
+    cost_st,
+    new_st,
+    sched,
+    settings_st,
+    state_st,
+)
+
+
+@PROPERTY
+@given(
+    settings_st,
+    state_st(),
+    st.lists(new_st, min_size=1, max_size=4),
+    cost_st,
+    st.lists(st.sampled_from([0.0, 0.1, 0.3, 2.0, 50.0]), min_size=1, max_size=3),
+)
+def test_walking_the_recorded_future_equals_a_full_replay(
+    settings_, state, news, cost, later
+) -> None:
+    future = Future.record(
+        _scheduler_from(settings_, state), settings_, NOW, cost, state.prefill_tokens_left
+    )
+    for now_s in (NOW + d for d in later):
+        for new in news:
+            walked = future.first_token(new, now_s)
+            full = replay_until_first_token(settings_, state, new, now_s, cost)
+            assert walked.steps == full.steps
+            assert walked.queue_tokens_ahead == full.queue_tokens_ahead
+            assert walked.ttft_s == pytest.approx(full.ttft_s, rel=1e-9, abs=1e-12)
+            assert walked.queue_wait_s == pytest.approx(full.queue_wait_s, rel=1e-9, abs=1e-12)
+        drain = projected_drain_s(settings_, state, now_s, cost)
+        assert future.drain_s(now_s) == pytest.approx(drain, rel=1e-9, abs=1e-12)
+
+
+def test_the_future_is_replayed_again_only_after_a_change() -> None:
+    estimate = InFlightEstimate(sched(budget=64, seqs=4))
+    estimate.arrive("a", NOW, 500, 0, 8)
+    first = estimate.future(NOW + 0.001, COST)
+    assert estimate.future(NOW + 0.001, COST) is first  # nothing changed: the same one
+    before = estimate.predict(NewRequest(100), NOW + 0.001, COST).ttft_s
+    estimate.arrive("b", NOW + 0.001, 400, 0, 8)  # more work ahead
+    assert estimate.future(NOW + 0.001, COST) is not first
+    after = estimate.predict(NewRequest(100), NOW + 0.001, COST).ttft_s
+    assert after > before
+    estimate.remove("b")
+    assert estimate.predict(NewRequest(100), NOW + 0.001, COST).ttft_s == pytest.approx(before)
+
+
+def test_a_new_cost_curve_replays_the_future_again() -> None:
+    from predictor.replay import CurveStepCost
+
+    estimate = InFlightEstimate(sched(budget=64, seqs=4))
+    estimate.arrive("a", NOW, 500, 0, 8)
+    slow = CurveStepCost(lambda n: 2e-3 * n, 0.01, 1e-3)
+    fast_s = estimate.predict(NewRequest(100), NOW, COST).ttft_s
+    slow_s = estimate.predict(NewRequest(100), NOW, slow).ttft_s
+    assert slow_s > fast_s
