@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,38 @@ def snapshot_path(settings: Settings) -> Path:
     return Path(settings.worker.data_dir) / "index.snapshot"
 
 
+def fits_path(settings: Settings) -> Path:
+    return Path(settings.worker.data_dir) / "fits.snapshot"
+
+
+def save_fits(state: WorkerState) -> Path:
+    """The prefill and step fits (their sample windows), written atomically: a restarted
+    worker predicts with what it had learned instead of the defaults."""
+    path = fits_path(state.settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as f:
+        f.write(state.predictor.fits.snapshot())
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)
+    return path
+
+
+def load_fits(state: WorkerState) -> bool:
+    """Restore the fits saved by :func:`save_fits`; a missing or unreadable file means
+    learning afresh (from the defaults), never a crash."""
+    path = fits_path(state.settings)
+    if not path.exists():
+        return False
+    try:
+        state.predictor.fits.restore(path.read_bytes())
+    except (OSError, ValueError, msgspec.DecodeError) as exc:
+        log.warning("ignoring fits snapshot %s (%s): learning afresh", path, exc)
+        return False
+    return True
+
+
 def create_app(
     settings: Settings, index: IndexKeeper | None = None
 ) -> tuple[faust.App, WorkerState]:
@@ -154,10 +187,12 @@ def _add_join_expiry(app: faust.App, state: WorkerState, outputs: dict[str, Any]
 def _add_snapshots(app: faust.App, state: WorkerState) -> None:
     @app.timer(interval=state.settings.worker.snapshot_interval_s)
     async def snapshot_index() -> None:
+        save_fits(state)  # small: sample windows of a few hundred points per worker
         await asyncio.get_running_loop().run_in_executor(None, state.index.save)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     def snapshot_on_shutdown(app: faust.App, **kwargs: Any) -> None:
+        save_fits(state)
         state.index.save()
 
 
@@ -244,6 +279,8 @@ def run_worker(settings: Settings) -> None:
     # Rebuild in-memory state: every registration, and the KV batches the snapshot lacks.
     asyncio.run(rewind_group(settings, group, settings.topic("workers"), None))
     asyncio.run(rewind_group(settings, group, settings.topic("kv_events"), keeper.next_offsets()))
-    app, _state = create_app(settings, keeper)
+    app, state = create_app(settings, keeper)
+    if load_fits(state):
+        log.info("restored the fits from %s", fits_path(settings))
     worker = faust.Worker(app, loglevel=settings.worker.log_level)
     worker.execute_from_commandline()

@@ -250,7 +250,8 @@ def test_concave_data_clamps_b_at_zero(a: float, bend: float, seed: int) -> None
     seconds = (a * n - c * n * n) * rng.lognormal(0.0, 0.02, n.size)
     curve = fitted(list(zip(n.astype(int).tolist(), seconds.tolist(), strict=True)))
     assert curve.b == 0.0
-    assert a * (1 - bend) <= curve.a <= a
+    # the best line lies between the chords of the bent curve, give or take the 2% noise
+    assert a * (1 - bend) * 0.98 <= curve.a <= a * 1.02
 
 
 # --------------------------------------------------------------------------- step costs
