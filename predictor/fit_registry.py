@@ -31,6 +31,12 @@ from streams.records import Graded, WorkerRegistration
 
 # --------------------------------------------------------------------------- sample selection
 
+# Unknown reuse on an approximate cache view: a request whose credited (approximately cached)
+# part is at most 1/NEAR_COLD_SHARE of its prompt is a prefill sample with the credit as its
+# cached part. Whatever the engine really reused of that part, C(credited) is at most about
+# 1/NEAR_COLD_SHARE of C(prompt), so the sample is off by no more than that.
+NEAR_COLD_SHARE: Final = 16
+
 
 def time_per_output_token_s(
     e2e_s: float | None,
@@ -97,11 +103,21 @@ def prefill_sample_cached(graded: Graded, *, others_running: bool) -> int | None
     TTFT ≈ C(N) − C(cached). Traces where every prompt shares a system prompt (Mooncake:
     every request starts with the same block) have no fully cold request after the first.
 
-    Unknown reuse (the engine never says) is a sample only as a cold one, by the rule of
-    :func:`select_cold_sample` for engines without KV events (never-seen prefix, idle).
+    Unknown reuse (the engine never says): by the rule of :func:`select_cold_sample` for
+    engines without KV events (never-seen prefix, idle worker), and also when the
+    approximate view credited at most 1/``NEAR_COLD_SHARE`` of the prompt, with that credit
+    as the cached part ("nearly cold": a shared system prompt would otherwise leave such an
+    engine one sample per worker).
     """
     cached = graded.engine_cached_tokens
     if cached is None:
+        credited = graded.credited_cached_tokens
+        if (
+            graded.cache_source == "approximate"
+            and credited * NEAR_COLD_SHARE <= graded.prompt_tokens
+        ):
+            probe = msgspec.structs.replace(graded, credited_cached_tokens=0)
+            return credited if select_cold_sample(probe, others_running=others_running) else None
         return 0 if select_cold_sample(graded, others_running=others_running) else None
     if graded.prompt_tokens - cached < MIN_COLD_PROMPT_TOKENS:
         return None  # too few new tokens to measure a prefill

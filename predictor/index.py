@@ -131,10 +131,7 @@ class PrefixIndex:
 
         The returned stats are also summed into :attr:`totals` (treat them as read-only).
         """
-        stats = ApplyStats(batches=1)
-        self._done.append(stats)
-        if len(self._done) >= FOLD_STATS_EVERY:
-            self._fold_stats()
+        stats = self._new_stats(batches=1)
         worker = self._workers.get(batch.worker_id)
         if worker is None:
             stats.unknown_worker_batches = 1
@@ -169,8 +166,7 @@ class PrefixIndex:
         worker = self._workers.get(worker_id)
         if worker is None or worker.lru is None or not len(own_hashes):
             return 0
-        stats = ApplyStats()
-        self._done.append(stats)
+        stats = self._new_stats()
         if self._touches:
             self._apply_touches()
         # Tail first: the LRU then drops a prompt's last blocks before its prefix.
@@ -191,9 +187,7 @@ class PrefixIndex:
             if worker.lru is not None and worker.sweep_due(now_s):
                 if self._touches:
                     self._apply_touches()
-                stats = ApplyStats()
-                self._done.append(stats)
-                self._sweep(worker, now_s, stats)
+                self._sweep(worker, now_s, self._new_stats())
 
     def maintain(self, now_s: float) -> ApplyStats:
         """Age out store-only entries of every worker now (``apply`` does it lazily)."""
@@ -552,6 +546,14 @@ class PrefixIndex:
         """Everything ``apply`` / ``maintain`` / ``reset_worker`` did since the start."""
         self._fold_stats()
         return self._totals
+
+    def _new_stats(self, batches: int = 0) -> ApplyStats:
+        """A call's stats, kept for the totals (folded before, never after, it is added)."""
+        if len(self._done) >= FOLD_STATS_EVERY:
+            self._fold_stats()
+        stats = ApplyStats(batches=batches)
+        self._done.append(stats)
+        return stats
 
     def _fold_stats(self) -> None:
         if self._done:

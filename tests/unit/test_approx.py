@@ -10,7 +10,7 @@ import pytest
 
 from foretoken.ids import ModelName, RequestId, WorkerId
 from predictor.approx import ApproxCacheConfig, cache_source, index_params
-from predictor.index import PrefixIndex
+from predictor.index import FOLD_STATS_EVERY, PrefixIndex
 from predictor.index_state import SWEEPS_PER_TTL
 from predictor.service import Predictor, PredictorConfig
 from streams.engines import EngineConfig
@@ -261,3 +261,12 @@ def test_event_workers_keep_their_exact_source() -> None:
     assert by_worker[WorkerId("a")].cache_source == "approximate"
     route(p, "r1", tokens, 0.0)
     assert "r1" not in p.served_prompts  # routed to the event worker (its hit is faster)
+
+
+def test_counters_stay_exact_over_many_served_prompts() -> None:
+    index = approx_index(reg("a", gpu_blocks=100_000), config=ApproxCacheConfig(ttl_s=TTL))
+    served = FOLD_STATS_EVERY + 100  # past the point where per-call stats are folded
+    for i in range(served):
+        serve(index, "a", prompt(1, 10 * BLOCK * i), i * 1e-3)
+    assert index.totals.stored_blocks == served
+    assert index.stats()["workers"]["a"]["blocks"]["GPU"] == served  # type: ignore[index]

@@ -20,7 +20,7 @@ from grading.summary import summarize
 from grading.views import connect, rows
 from predictor.approx import ApproxCacheConfig, index_params
 from predictor.fit import MIN_COLD_PROMPT_TOKENS
-from predictor.fit_registry import prefill_sample_cached, select_cold_sample
+from predictor.fit_registry import NEAR_COLD_SHARE, prefill_sample_cached, select_cold_sample
 from predictor.index import PrefixIndex
 from predictor.service import Predictor, PredictorConfig
 from streams.records import (
@@ -196,7 +196,8 @@ def test_flags_travel_from_prediction_to_the_lake_and_cold_samples_are_first_req
     for g in (cold, warm, other):
         assert g.cache_source == "approximate" and g.approximate_cache
         assert g.engine_cached_tokens is None and g.cache_disagreement is None
-    # the fit learns from the never-seen prefixes, not from the repeat (its reuse is unknown)
+    # the fit learns from the never-seen prefixes, not from the repeat (its reuse is unknown
+    # and most of it was credited)
     assert [p.on_graded(g, TS + 20.0) for g in (cold, warm, other)] == [True, False, True]
     fits = p.fits.fits(WorkerId("w"))
     assert fits is not None and fits.prefill.observed == 2
@@ -227,10 +228,15 @@ def test_cold_sample_selection_with_unknown_reuse() -> None:
     # not idle: something else ran there between its grant and its first token
     assert not select_cold_sample(never_seen, others_running=True)
     assert not select_cold_sample(_cold_candidate(queue_tokens_ahead=512), others_running=False)
-    # part of the prefix was routed there within the TTL: the engine may have reused it
-    seen = _cold_candidate(credited_cached_tokens=BLOCK)
-    assert not select_cold_sample(seen, others_running=False)
-    assert prefill_sample_cached(seen, others_running=False) is None
+    # part of the prefix was routed there within the TTL: the engine may have reused it, so
+    # it is not cold; a small credit (≤ 1/16 of the prompt) is a sample with that cached part
+    n = _cold_candidate().prompt_tokens
+    small = _cold_candidate(credited_cached_tokens=n // NEAR_COLD_SHARE)
+    assert not select_cold_sample(small, others_running=False)
+    assert prefill_sample_cached(small, others_running=False) == n // NEAR_COLD_SHARE
+    assert prefill_sample_cached(small, others_running=True) is None
+    large = _cold_candidate(credited_cached_tokens=n // NEAR_COLD_SHARE + BLOCK)
+    assert prefill_sample_cached(large, others_running=False) is None
     # an engine with KV events that did not say: unknown, not a sample (unless trusted)
     silent = _cold_candidate(cache_source="events", approximate_cache=False)
     assert not select_cold_sample(silent, others_running=False)
