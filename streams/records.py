@@ -294,6 +294,7 @@ class Graded(Record, kw_only=True, frozen=True):
     actual_ttft_s: float | None = None
     error_s: float | None = None
     credited_cached_tokens: int = 0
+    # None = unknown reuse (the engine did not say); then cache_disagreement is None too.
     engine_cached_tokens: int | None = None
     block_size: int | None = None
     cache_disagreement: bool | None = None
