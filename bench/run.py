@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "lake": "bench.lake_bench",
     "predict": "bench.predict_bench",
     "route": "bench.route_bench",
+    "approx": "bench.approx_bench",
 }
 OUT_DIR = Path(".run/bench")
 

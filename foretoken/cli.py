@@ -269,6 +269,12 @@ def bench_router(quick: bool = typer.Option(False, help="Short windows, lower ra
     _bench(["router"], quick)
 
 
+@bench_app.command("approx")
+def bench_approx(quick: bool = typer.Option(False, help="300 requests instead of 1,500.")) -> None:
+    """The predictor with an approximate cache view (no KV events) against event-fed credit."""
+    _bench(["approx"], quick)
+
+
 @app.command()
 def report(
     lake: str = typer.Option(..., help="The grading lake directory."),

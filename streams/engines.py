@@ -9,7 +9,7 @@ TOML, one ``[[engines]]`` table each::
     engine_version = "0.11.0"
     block_size = 16
     http_url = "http://127.0.0.1:8101"
-    kv_events_url = "tcp://127.0.0.1:5557"   # absent: the engine publishes no KV events
+    kv_events_url = "tcp://127.0.0.1:5557"   # absent (or kv_events = false): no KV events
     replay_url = "tcp://127.0.0.1:5558"
     metrics_url = "http://127.0.0.1:8101/metrics"
     tiers = ["GPU", "CPU"]
@@ -52,6 +52,9 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     tiers: tuple[Tier, ...] = ("GPU",)
     eagle: bool = False
     kv_hash_algo: str = "sha256_cbor"
+    # False: the engine publishes no KV events (llama.cpp, TGI, vLLM without
+    # --kv-events-config); the index then credits it approximately from routed prompts.
+    kv_events: bool = True
     # The engine reports usage.prompt_tokens_details.cached_tokens (and omits it on a miss).
     reports_cached_tokens: bool = True
     gpu_blocks: int | None = None
@@ -82,7 +85,8 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
                 metrics_url=self.metrics_url,
             ),
             eagle=self.eagle,
-            has_kv_events=self.kv_events_url is not None,
+            has_kv_events=self.kv_events and self.kv_events_url is not None,
+            reports_cached_tokens=self.reports_cached_tokens,
             gpu_blocks=self.gpu_blocks,
             config_hash=self.config_hash(),
             ts=time.time() if ts is None else ts,
