@@ -321,6 +321,41 @@ async def drive(settings: Settings, worker_url: str, worker_pid: int, rates: lis
         await producer.stop()
 
 
+def replay_vs_walk(depths: tuple[int, ...] = (4, 16, 64), calls: int = 200) -> dict[str, Any]:
+    """In process, same queues: a new request's prediction by a full replay of the queue
+    (the route service before the recorded future) against a walk through the recorded
+    future (now); CPU µs per prediction, each worker's future recorded once."""
+    from predictor.inflight import InFlightEstimate
+    from predictor.replay import CurveStepCost, NewRequest, replay_until_first_token
+
+    cost = CurveStepCost(lambda n: 1.5e-4 * n + 2.5e-9 * n * n, 0.004, 1e-4)
+    settings = SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=256)
+    rng = random.Random(3)
+    out: dict[str, Any] = {}
+    for depth in depths:
+        est = InFlightEstimate(settings)
+        for i in range(depth):
+            est.advance(100.0 + 0.05 * i, cost)
+            est.arrive(i, 100.0 + 0.05 * i, rng.randrange(500, 32_768), 0, 64)
+        now = 100.0 + 0.05 * depth
+        est.advance(now, cost)
+        state = est.state()
+        news = [NewRequest(rng.randrange(500, 32_768), 0) for _ in range(calls)]
+        t0 = time.thread_time()
+        full = [replay_until_first_token(settings, state, n, now, cost).ttft_s for n in news]
+        t1 = time.thread_time()
+        walked = [est.predict(n, now, cost).ttft_s for n in news]
+        t2 = time.thread_time()
+        worst = max(abs(a - b) / max(a, 1e-9) for a, b in zip(full, walked, strict=True))
+        out[f"queue_{depth}"] = {
+            "full_replay_us": round((t1 - t0) / calls * 1e6, 1),
+            "walk_us": round((t2 - t1) / calls * 1e6, 1),
+            "speedup": round((t1 - t0) / max(t2 - t1, 1e-9), 1),
+            "max_relative_difference": worst,
+        }
+    return out
+
+
 def run(quick: bool, *, rate: float | None = None, seconds: float | None = None) -> dict[str, Any]:
     rates = [rate] if rate else list(QUICK_RATES if quick else RATES)
     seconds = seconds or (2.0 if quick else 5.0)
@@ -360,6 +395,7 @@ def run(quick: bool, *, rate: float | None = None, seconds: float | None = None)
     }  # fmt: skip
     return {
         "setup": setup,
+        "replay_vs_walk": replay_vs_walk(),
         **result,
         "target": {"route_p99_ms_at_most": TARGET_MS, "at_rate_rps": 500.0},
     }
