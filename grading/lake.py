@@ -51,8 +51,9 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -71,6 +72,7 @@ PART_GLOB: Final = f"{PART_PREFIX}*{PART_SUFFIX}"  # hidden ``.part-….tmp`` fi
 TMP_SUFFIX: Final = ".tmp"
 SEQ_DIGITS: Final = 20
 US_PER_S: Final = 1_000_000
+HOUR_S: Final = 3600.0
 STALE_TMP_S: Final = 3600.0  # a temporary file this old belongs to a writer that died
 KEY: Final = "request_id"
 SERVED: Final = "served"
@@ -170,6 +172,25 @@ def hour_dirs(root: str | Path) -> dict[str, Path]:
     }
 
 
+def hour_start_s(hour: str) -> float:
+    """The Unix time at which the partition ``hour`` (``HOUR_FORMAT``, UTC) begins."""
+    return datetime.strptime(hour, HOUR_FORMAT).replace(tzinfo=UTC).timestamp()
+
+
+def closed_hours(hours: Iterable[str], now_s: float, after_s: float) -> list[str]:
+    """The hours that ended at least ``after_s`` before ``now_s`` (unparsable names are
+    skipped): no new record is expected there but a late or re-delivered one."""
+    out = []
+    for hour in hours:
+        try:
+            end_s = hour_start_s(hour) + HOUR_S
+        except ValueError:
+            continue
+        if end_s + after_s <= now_s:
+            out.append(hour)
+    return out
+
+
 def part_files(directory: Path) -> list[Path]:
     """The visible part files of one hour directory, in write order."""
     return sorted(directory.glob(PART_GLOB), key=lambda p: (part_sequence(p), p.name))
@@ -267,6 +288,14 @@ class LakeWriter:
             result = self._compact_hour(name, directory)
             if result is not None:
                 done.append(result)
+        return done
+
+    def compact_closed(self, now_s: float, after_s: float) -> list[Compacted]:
+        """:meth:`compact` of every hour closed for ``after_s`` (:func:`closed_hours`) that
+        holds more than one file; the open hours keep taking appends untouched."""
+        done: list[Compacted] = []
+        for hour in closed_hours(hour_dirs(self.root), now_s, after_s):
+            done.extend(self.compact(hour))
         return done
 
     def _compact_hour(self, hour: str, directory: Path) -> Compacted | None:
