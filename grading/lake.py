@@ -15,6 +15,13 @@ Layout (read by the DuckDB views in ``sql/``, see :mod:`grading.views`)::
   write), so within an hour directory the file names sort in the order they were written;
   "the latest written" row of a request is the one in the file whose name sorts last.
 
+**LZ4.** Files are LZ4-compressed (:data:`COMPRESSION`): the graded floats barely
+compress, and LZ4 decodes with less CPU than polars' default zstd on every scan.
+
+**Who compacts.** The worker's sink (``streams/lake_sink.py``) calls
+:meth:`LakeWriter.compact_closed` periodically: hours closed for a while
+(:func:`closed_hours`) are merged into one file each.
+
 **Served-only grades.** ``actual_ttft_s`` and ``error_s`` are kept on served rows only
 (the grading join never sets them otherwise; :func:`served_only_grades` makes it a
 property of the lake), so the views grade "over served requests" by a null test.

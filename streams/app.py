@@ -198,7 +198,7 @@ def _add_consumer(
             result = dispatch(event)
             await after(event, result)
             request_id = getattr(result.record, "request_id", None)
-            await held.after(manual, event, request_id)
+            await held.after(manual, event, event.message.partition, request_id)
 
     consume.__name__ = f"consume_{logical}"
     app.agent(topic, name=f"foretoken.consume.{logical}")(consume)

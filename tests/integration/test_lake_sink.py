@@ -26,7 +26,8 @@ from tests.integration.stack import Stack, start_stack
 
 pytestmark = pytest.mark.integration
 LOAD_S = 600.0
-LAKE_WAIT_S = 240.0
+LAKE_WAIT_S = 150.0
+TEST_TIMEOUT_S = 900  # stack start, two loads, a kill and a restart on a loaded machine
 SETTLE_S = 6.0  # after the counts match: long enough for a doubled record to show up
 BOUNDS = "5:0.3,none:0.7"
 
@@ -53,12 +54,12 @@ def lake_stack(
 
 
 def _load(
-    stack: Stack, trace: str, limit: int, speedup: float, out: Path
+    stack: Stack, trace: str, limit: int, speedup: float, out: Path, max_output_tokens: int = 4
 ) -> subprocess.Popen[bytes]:
     return spawn(foretoken_cmd(
         "load", "--url", stack.router_url, "--model", stack.engines[0]["model"],
         "--trace", trace, "--limit", str(limit), "--speedup", str(speedup), "--bounds", BOUNDS,
-        "--max-output-tokens", "4", "--concurrency", "64", "--timeout-s", "120",
+        "--max-output-tokens", str(max_output_tokens), "--concurrency", "64", "--timeout-s", "120",
         "--out", str(out), "--no-progress",
     ), stack.worker.env, out.with_suffix(".log"))  # fmt: skip
 
@@ -125,6 +126,7 @@ def client_counts(client: pl.DataFrame) -> dict[Any, int]:
     return dict(client.group_by("status").len().rows())
 
 
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_every_request_lands_in_the_lake_once(lake_stack: Stack) -> None:
     lake = Path(lake_stack.worker.env["FORETOKEN_LAKE_DIR"])
     tmp = lake_stack.tmp
@@ -143,12 +145,15 @@ def test_every_request_lands_in_the_lake_once(lake_stack: Stack) -> None:
     assert stats["lake"]["compacted_hours"] >= 1
 
 
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_a_worker_killed_mid_run_loses_and_doubles_nothing(lake_stack: Stack) -> None:
     lake = Path(lake_stack.worker.env["FORETOKEN_LAKE_DIR"])
     tmp = lake_stack.tmp
     out = tmp / "mooncake.parquet"
     n = 300
-    load = _load(lake_stack, "mooncake", n, 4.0, out)
+    # Long answers keep many requests between their grant and their completion when the
+    # worker dies: those are the ones a worker that acked too early would lose.
+    load = _load(lake_stack, "mooncake", n, 4.0, out, max_output_tokens=256)
     try:
         deadline = time.monotonic() + LOAD_S  # kill once the sink has written part of the run
         while time.monotonic() < deadline and load.poll() is None:

@@ -118,23 +118,43 @@ def test_acks_wait_until_the_join_settles_the_request() -> None:
     pending: set[RequestId] = set()
     held = HeldAcks(lambda: pending)
     grants, outcomes = _Stream(), _Stream()
+    r1, r2, r3 = RequestId("r1"), RequestId("r2"), RequestId("r3")
 
     async def scenario() -> None:
-        pending.add(RequestId("r1"))
-        await held.after(grants, "grant-r1", RequestId("r1"))  # waits for its completion
-        await held.after(outcomes, "first-r1", RequestId("r1"))
-        await held.after(grants, "grant-r2", RequestId("r2"))  # settled at once (rejected)
-        await held.after(grants, "junk", None)  # undecodable: dead-lettered, acked
+        pending.add(r1)
+        await held.after(grants, "grant-r1", 0, r1)  # waits for its completion
+        await held.after(outcomes, "first-r1", 0, r1)
+        await held.after(grants, "grant-r2", 1, r2)  # settled at once, another partition
+        await held.after(grants, "junk", 1, None)  # undecodable: dead-lettered, acked
         assert grants.acked == ["grant-r2", "junk"] and outcomes.acked == []
         assert len(held) == 2
-        pending.discard(RequestId("r1"))  # the completion came: graded
-        await held.after(outcomes, "done-r1", RequestId("r1"))
+        pending.discard(r1)  # the completion came: graded
+        await held.after(outcomes, "done-r1", 0, r1)
         assert grants.acked == ["grant-r2", "junk", "grant-r1"]
-        assert outcomes.acked == ["done-r1", "first-r1"]
-        pending.add(RequestId("r3"))
-        await held.after(grants, "grant-r3", RequestId("r3"))
+        assert outcomes.acked == ["first-r1", "done-r1"]  # in offset order
+        pending.add(r3)
+        await held.after(grants, "grant-r3", 0, r3)
         pending.clear()  # expired by the join's timeout
         assert await held.release_settled() == 1
         assert grants.acked[-1] == "grant-r3" and len(held) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_settled_event_is_not_acked_before_an_earlier_open_one() -> None:
+    """Faust commits past an unacked event at the committed offset; so acks are kept a
+    contiguous prefix of each partition's offsets."""
+    pending: set[RequestId] = {RequestId("slow")}
+    held = HeldAcks(lambda: pending)
+    grants = _Stream()
+
+    async def scenario() -> None:
+        await held.after(grants, "grant-slow", 0, RequestId("slow"))
+        await held.after(grants, "grant-fast", 0, RequestId("fast"))  # settled (rejected)
+        await held.after(grants, "grant-other", 2, RequestId("other"))
+        assert grants.acked == ["grant-other"]  # partition 0 waits behind "slow"
+        pending.clear()
+        await held.release_settled()
+        assert grants.acked == ["grant-other", "grant-slow", "grant-fast"]
 
     asyncio.run(scenario())
