@@ -329,11 +329,12 @@ def dashboard(
 def demo(
     config: str | None = ConfigOpt,
     keep: bool = typer.Option(False, help="Leave the broker and worker running afterwards."),
+    dashboard: bool = typer.Option(True, help="Leave the dashboard running on the lake."),
 ) -> None:
     """Broker, worker and a sample of every record: shows the pipeline consuming them."""
     from ops.demo import run_demo
 
-    raise typer.Exit(run_demo(_settings(config), keep=keep))
+    raise typer.Exit(run_demo(_settings(config), keep=keep, dashboard=dashboard))
 
 
 @app.command()

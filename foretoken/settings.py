@@ -88,6 +88,19 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     tokenizers: dict[str, str] = {}
 
 
+class LakeSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """The worker's sink of ``graded`` into the Parquet lake (``streams/lake_sink.py``)."""
+
+    # The lake's directory; empty = no sink (the worker still grades onto the topic).
+    dir: str = ""
+    # A batch is written (one file per hour touched) at this many records or after this long.
+    batch_records: int = 5_000
+    batch_s: float = 1.0
+    # Hours closed for this long are compacted to one file, checked this often.
+    compact_interval_s: float = 60.0
+    compact_after_s: float = 300.0
+
+
 class Settings(msgspec.Struct, kw_only=True, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     topics: TopicNames = TopicNames()
@@ -95,6 +108,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     layout: TopicLayout = TopicLayout()
     worker: WorkerSettings = WorkerSettings()
     router: RouterSettings = RouterSettings()
+    lake: LakeSettings = LakeSettings()
     wire_format: Literal["json", "msgpack"] = "json"
     state_dir: str = "~/.local/state/foretoken"
     cache_dir: str = "~/.cache/foretoken"
@@ -146,6 +160,11 @@ ENV_VARS: dict[str, str] = {
     "FORETOKEN_STATE_DIR": "state_dir",
     "FORETOKEN_CACHE_DIR": "cache_dir",
     "FORETOKEN_TRACES_DIR": "traces_dir",
+    "FORETOKEN_LAKE_DIR": "lake.dir",
+    "FORETOKEN_LAKE_BATCH_RECORDS": "lake.batch_records",
+    "FORETOKEN_LAKE_BATCH_S": "lake.batch_s",
+    "FORETOKEN_LAKE_COMPACT_INTERVAL_S": "lake.compact_interval_s",
+    "FORETOKEN_LAKE_COMPACT_AFTER_S": "lake.compact_after_s",
 }
 
 

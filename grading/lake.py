@@ -15,6 +15,13 @@ Layout (read by the DuckDB views in ``sql/``, see :mod:`grading.views`)::
   write), so within an hour directory the file names sort in the order they were written;
   "the latest written" row of a request is the one in the file whose name sorts last.
 
+**LZ4.** Files are LZ4-compressed (:data:`COMPRESSION`): the graded floats barely
+compress, and LZ4 decodes with less CPU than polars' default zstd on every scan.
+
+**Who compacts.** The worker's sink (``streams/lake_sink.py``) calls
+:meth:`LakeWriter.compact_closed` periodically: hours closed for a while
+(:func:`closed_hours`) are merged into one file each.
+
 **Served-only grades.** ``actual_ttft_s`` and ``error_s`` are kept on served rows only
 (the grading join never sets them otherwise; :func:`served_only_grades` makes it a
 property of the lake), so the views grade "over served requests" by a null test.
@@ -51,8 +58,9 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -71,6 +79,10 @@ PART_GLOB: Final = f"{PART_PREFIX}*{PART_SUFFIX}"  # hidden ``.part-….tmp`` fi
 TMP_SUFFIX: Final = ".tmp"
 SEQ_DIGITS: Final = 20
 US_PER_S: Final = 1_000_000
+HOUR_S: Final = 3600.0
+# LZ4, not polars' default zstd: graded floats barely compress (files ~20% larger), and
+# decoding LZ4 takes about a third less CPU per scan (docs/BENCHMARKS.md, grading lake).
+COMPRESSION: Final = "lz4"
 STALE_TMP_S: Final = 3600.0  # a temporary file this old belongs to a writer that died
 KEY: Final = "request_id"
 SERVED: Final = "served"
@@ -170,6 +182,25 @@ def hour_dirs(root: str | Path) -> dict[str, Path]:
     }
 
 
+def hour_start_s(hour: str) -> float:
+    """The Unix time at which the partition ``hour`` (``HOUR_FORMAT``, UTC) begins."""
+    return datetime.strptime(hour, HOUR_FORMAT).replace(tzinfo=UTC).timestamp()
+
+
+def closed_hours(hours: Iterable[str], now_s: float, after_s: float) -> list[str]:
+    """The hours that ended at least ``after_s`` before ``now_s`` (unparsable names are
+    skipped): no new record is expected there but a late or re-delivered one."""
+    out = []
+    for hour in hours:
+        try:
+            end_s = hour_start_s(hour) + HOUR_S
+        except ValueError:
+            continue
+        if end_s + after_s <= now_s:
+            out.append(hour)
+    return out
+
+
 def part_files(directory: Path) -> list[Path]:
     """The visible part files of one hour directory, in write order."""
     return sorted(directory.glob(PART_GLOB), key=lambda p: (part_sequence(p), p.name))
@@ -245,7 +276,7 @@ class LakeWriter:
         target = directory / f"{PART_PREFIX}{seq:0{SEQ_DIGITS}d}-{uuid.uuid4().hex}{PART_SUFFIX}"
         temporary = directory / f".{target.name}{TMP_SUFFIX}"
         try:
-            frame.write_parquet(temporary)
+            frame.write_parquet(temporary, compression=COMPRESSION)
             if self.durable:
                 _fsync(temporary)
             temporary.rename(target)
@@ -267,6 +298,14 @@ class LakeWriter:
             result = self._compact_hour(name, directory)
             if result is not None:
                 done.append(result)
+        return done
+
+    def compact_closed(self, now_s: float, after_s: float) -> list[Compacted]:
+        """:meth:`compact` of every hour closed for ``after_s`` (:func:`closed_hours`) that
+        holds more than one file; the open hours keep taking appends untouched."""
+        done: list[Compacted] = []
+        for hour in closed_hours(hour_dirs(self.root), now_s, after_s):
+            done.extend(self.compact(hour))
         return done
 
     def _compact_hour(self, hour: str, directory: Path) -> Compacted | None:

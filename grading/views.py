@@ -41,7 +41,7 @@ METRIC_NAME: Final = re.compile(r"^[a-z][a-z0-9_]*$")
 STUB_TABLE: Final = "graded_stub"
 SOURCE_COLUMN: Final = "filename"  # read_parquet(filename = true)
 GLOB_CHARS: Final = frozenset("*?[]{}")
-QUERY_ATTEMPTS: Final = 3
+QUERY_ATTEMPTS: Final = 5
 
 
 def sql_string(text: str) -> str:
@@ -90,16 +90,23 @@ def _create_stub(con: duckdb.DuckDBPyConnection) -> None:
 def connect(lake_dir: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the views of ``sql/`` over the lake under ``lake_dir``
     (which may hold no file yet: the views are then empty, with every column typed)."""
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute(f"CREATE MACRO lake_glob() AS {sql_string(lake_glob(lake_dir))}")
-        _create_stub(con)
-        for name, path in view_files():
-            con.execute(f"CREATE VIEW {name} AS {path.read_text()}")
-    except BaseException:
-        con.close()
-        raise
-    return con
+    for attempt in range(QUERY_ATTEMPTS):
+        con = duckdb.connect(":memory:")
+        try:
+            con.execute(f"CREATE MACRO lake_glob() AS {sql_string(lake_glob(lake_dir))}")
+            _create_stub(con)
+            for name, path in view_files():
+                con.execute(f"CREATE VIEW {name} AS {path.read_text()}")
+        except duckdb.IOException:
+            con.close()  # binding a view read a file that a compaction just removed
+            if attempt + 1 == QUERY_ATTEMPTS:
+                raise
+            continue
+        except BaseException:
+            con.close()
+            raise
+        return con
+    raise AssertionError("unreachable")
 
 
 def query(

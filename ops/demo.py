@@ -5,15 +5,25 @@ Kafka (KRaft, local) → the Faust worker (index, fits, queues, route service, g
 → ingest → the router; then a stretch of the Mooncake trace through the router at a load
 near the fleet's capacity, with a mix of TTFT bounds. It prints what the client saw, what
 the predictor learned (fitted curves next to the simulator's hidden truth, which only the
-demo reads, for comparison), and the grades of every request.
+demo reads, for comparison). The worker's sink writes every graded request to the Parquet
+lake (``.run/demo/lake``); the demo waits for the lake to hold them all, prints the grading
+report from it (``grading.report``, the same as ``foretoken report --lake``), and leaves the
+Streamlit dashboard running on that lake in the background, printing its URL and how to
+stop it (``--no-dashboard``: don't start it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
+import shutil
+import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -42,18 +52,25 @@ WARMUP_SPEEDUP = 0.5
 TRACE_SPEEDUP = 1.0
 TRACE_SECONDS = 90.0  # of trace time after the warm-up
 BOUNDS = "10:0.3,30:0.4,none:0.3"
-GRADED_WAIT_S = 30.0
+LAKE_DIR = RUN_DIR / "lake"
+LAKE_WAIT_S = 90.0  # for the sink to write the last graded requests
+LAKE_IDLE_S = 15.0  # ... or until the lake stops growing for this long
+DASHBOARD_PORT = 8501  # a free port is used instead when this one is taken
+DASHBOARD_PID = RUN_DIR / "dashboard.pid"
 
 console = Console()
 
 
-def run_demo(settings: Settings, keep: bool = False) -> int:
+def run_demo(settings: Settings, keep: bool = False, dashboard: bool = True) -> int:
     console.rule("[bold]foretoken demo")
     st, started_broker = kafka_local.up(settings)
     console.print(f"broker: {st.describe()}")
     prefix = f"demo{uuid.uuid4().hex[:4]}-"
+    _stop_dashboard()  # a previous demo's, which reads the lake about to be replaced
+    shutil.rmtree(LAKE_DIR, ignore_errors=True)
     env = {"FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}",
-           "FORETOKEN_WORKER_DATA_DIR": str(RUN_DIR / "worker")}  # fmt: skip
+           "FORETOKEN_WORKER_DATA_DIR": str(RUN_DIR / "worker"),
+           "FORETOKEN_LAKE_DIR": str(LAKE_DIR)}  # fmt: skip
     base = load_settings(env={**_os_env(), **env})
     if _busy(base.worker.web_host, base.worker.web_port):  # another worker runs: use a free port
         env["FORETOKEN_WEB_PORT"] = str(_free_port(base.worker.web_host))
@@ -63,12 +80,14 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         urls = _start(demo_settings, env, procs)
-        summary = _drive(urls["router"])
+        warm, summary = _drive(urls["router"])
         _show_client(summary)
         _show_fits(urls["worker"])
-        _show_grades(demo_settings)
+        _show_report(warm.counts()["sent"] + summary.counts()["sent"])
         console.print(f"\nrouter: {urls['router']}/v1  ·  worker: {urls['worker']}/metrics  ·  "
                       f"logs: {RUN_DIR}/")  # fmt: skip
+        if dashboard:
+            _start_dashboard()
         if keep:
             console.print("[bold]--keep[/bold]: everything keeps running; Ctrl-C to stop.")
             while True:
@@ -135,11 +154,12 @@ def _start(settings: Settings, env: dict[str, str], procs: dict[str, Any]) -> di
     return {"worker": worker_url, "router": router_url}
 
 
-def _drive(router_url: str) -> Any:
+def _drive(router_url: str) -> tuple[Any, Any]:
     warm = [r for r in load_mooncake(speedup=WARMUP_SPEEDUP)
             if r.arrival_s * WARMUP_SPEEDUP < WARMUP_SECONDS]  # fmt: skip
     console.rule(f"warm-up: {len(warm)} Mooncake requests at {WARMUP_SPEEDUP}x")
-    run_load(router_url, MODEL, warm, concurrency=256, timeout_s=300.0, max_output_tokens=16)
+    warm_summary = run_load(router_url, MODEL, warm, concurrency=256, timeout_s=300.0,
+                            max_output_tokens=16)  # fmt: skip
     end_s = WARMUP_SECONDS + TRACE_SECONDS
     rest = [r for r in load_mooncake(speedup=TRACE_SPEEDUP)
             if WARMUP_SECONDS <= r.arrival_s * TRACE_SPEEDUP < end_s]  # fmt: skip
@@ -147,8 +167,8 @@ def _drive(router_url: str) -> Any:
     rest = [dataclasses.replace(r, arrival_s=r.arrival_s - shift) for r in rest]
     rest = BoundMix.parse(BOUNDS).assign(rest, seed=0)
     console.rule(f"{len(rest)} Mooncake requests at {TRACE_SPEEDUP}x, bounds {BOUNDS}")
-    return run_load(router_url, MODEL, rest, concurrency=256, timeout_s=300.0,
-                    max_output_tokens=16)  # fmt: skip
+    return warm_summary, run_load(router_url, MODEL, rest, concurrency=256, timeout_s=300.0,
+                                  max_output_tokens=16)  # fmt: skip
 
 
 def _show_client(summary: Any) -> None:
@@ -179,28 +199,61 @@ def _show_fits(worker_url: str) -> None:
     console.print(table)
 
 
-def _show_grades(settings: Settings) -> None:
-    from streams.graded_reader import read_graded, summarize
+def _lake_requests() -> int:
+    from grading.views import connect, rows
 
-    graded = asyncio.run(read_graded(settings, GRADED_WAIT_S))
-    s = summarize(graded)
-    table = Table(title="grades (PRODUCT.md §4), from the graded topic")
-    for col in (
-        "graded",
-        "served",
-        "rejected",
-        "within 1 s",
-        "within 10 s",
-        "|err| p95",
-        "disagreement",
-        "underpredicted",
-    ):
-        table.add_column(col, justify="right")
-    table.add_row(str(s["graded"]), str(s["served"]), str(s["rejected"]),
-                  _pct(s["within_1s"]), _pct(s["within_10s"]), f"{s['abs_error_p95_s']:.2f} s",
-                  _pct(s["disagreement"]), str(s["underpredicted"]))  # fmt: skip
-    console.print(table)
+    con = connect(LAKE_DIR)
+    try:
+        return int(rows(con, "SELECT count(*) AS n FROM graded")[0]["n"])
+    finally:
+        con.close()
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+def _show_report(sent: int) -> None:
+    """Wait for the sink to write every request the client sent, then the lake's report."""
+    from grading.report import render, report
+
+    console.rule(f"the grading lake: {LAKE_DIR}/")
+    deadline = time.monotonic() + LAKE_WAIT_S
+    seen, since = -1, time.monotonic()
+    while time.monotonic() < deadline and seen < sent:
+        n = _lake_requests()
+        if n != seen:
+            seen, since = n, time.monotonic()
+        elif time.monotonic() - since > LAKE_IDLE_S:
+            break
+        time.sleep(1.0)
+    console.print(f"{seen} of the {sent} requests sent are graded in the lake "
+                  "(one row per request id)")  # fmt: skip
+    render(report(LAKE_DIR), console)
+    console.print(f"same report: foretoken report --lake {LAKE_DIR}  ·  "
+                  f'SQL: foretoken sql --lake {LAKE_DIR} "select * from by_worker"')  # fmt: skip
+
+
+def _stop_dashboard() -> None:
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(DASHBOARD_PID.read_text())
+        os.killpg(pid, signal.SIGTERM)
+    DASHBOARD_PID.unlink(missing_ok=True)
+
+
+def _start_dashboard() -> None:
+    """``foretoken dashboard`` on the lake, left running after the demo (its own session)."""
+    port = _free_port("127.0.0.1") if _busy("127.0.0.1", DASHBOARD_PORT) else DASHBOARD_PORT
+    proc = spawn(foretoken_cmd("dashboard", "--lake", str(LAKE_DIR), "--port", str(port)), {},
+                 RUN_DIR / "dashboard.log")  # fmt: skip
+    DASHBOARD_PID.write_text(str(proc.pid))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError),
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=2.0),
+        ):
+            break
+        time.sleep(0.5)
+    if proc.poll() is not None:
+        console.print(f"[red]the dashboard did not start[/red]; see {RUN_DIR}/dashboard.log")
+        return
+    console.print(f"[bold]dashboard[/bold]: {url}  (keeps running after the demo; stop it "
+                  f"with: kill -- -$(cat {DASHBOARD_PID}))")  # fmt: skip

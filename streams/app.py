@@ -24,11 +24,14 @@ from foretoken.settings import Settings
 from grading.join import GradingJoin
 from predictor.approx import ApproxCacheConfig
 from predictor.service import Predictor
-from streams.consume import INPUT_TOPICS, Dispatcher, Position, reason_kind
+from streams.consume import INPUT_TOPICS, Consumed, Dispatcher, Position, reason_kind
 from streams.index_keeper import IndexKeeper
+from streams.join_acks import HeldAcks
+from streams.lake_sink import LakeSink, add_lake_sink
 from streams.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
 from streams.produce import record_key
 from streams.records import (
+    DeadLetter,
     DecodeError,
     Graded,
     Grant,
@@ -61,6 +64,10 @@ class WorkerState:
             block_size_of=self.block_size_of, reports_cached_of=self.reports_cached_of
         )
         self.predictor = Predictor(self.index.index)
+        # Grants/outcomes are acked only once the join has settled their request.
+        self.held_acks = HeldAcks(lambda: self.join.pending)
+        # The graded -> Parquet lake sink, when a lake directory is configured.
+        self.lake = LakeSink(settings.lake, self.metrics.registry) if settings.lake.dir else None
         self.dispatcher.on("workers", self.on_worker)
         self.dispatcher.on("workers", self.index.on_worker)
         self.dispatcher.on("kv_events", self.index.on_kv)
@@ -116,6 +123,7 @@ class WorkerState:
             "consumed": dict(self.dispatcher.counts),
             "dead_lettered": dict(self.dispatcher.dead),
             "index_snapshots": self.index.snapshots,
+            "lake": self.lake.stats() if self.lake is not None else None,
         }
 
 
@@ -172,6 +180,9 @@ def create_app(
         broker_session_timeout=settings.worker.session_timeout_s,
         broker_heartbeat_interval=settings.worker.heartbeat_interval_s,
         web_enabled=True,
+        # On stop, commit what is acked and no more: the acks held for the grading join
+        # and the lake sink (join_acks.py, lake_sink.py) are simply read again next time.
+        stream_wait_empty=False,
     )
     outputs = {
         logical: app.topic(settings.topic(logical), key_serializer="raw", value_serializer="raw")
@@ -193,6 +204,7 @@ def _add_join_expiry(app: faust.App, state: WorkerState, outputs: dict[str, Any]
     async def expire_join() -> None:
         for graded in state.expire():
             await _emit(outputs, "graded", graded, state.settings.wire_format)
+        await state.held_acks.release_settled()
 
 
 def _add_snapshots(app: faust.App, state: WorkerState) -> None:
@@ -215,27 +227,71 @@ def _add_consumer(
     app: faust.App, state: WorkerState, logical: str, outputs: dict[str, Any]
 ) -> None:
     name = state.settings.topic(logical)
+    dispatch, after = _event_handlers(state, logical, outputs)
+    if logical == "graded" and state.lake is not None:  # the sink consumes it, in batches
+        add_lake_sink(app, state.lake, name, dispatch, after, _dead_letter_of(state, outputs))
+        return
     topic = app.topic(name, key_serializer="raw", value_serializer="raw")
-    wire_format = state.settings.wire_format
+    held = state.held_acks if logical in ("grants", "outcomes") else None
 
     async def consume(stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            result = state.dispatcher.consume(
-                logical, name, message.key, event.value, message.partition, message.offset
-            )
-            for out_logical, out in result.emit:
-                await _emit(outputs, out_logical, out, wire_format)
-            if result.dead_letter is None:
-                state.metrics.consumed.labels(logical).inc()
-                continue
-            dl = result.dead_letter
-            state.metrics.dead_lettered.labels(logical, reason_kind(dl.reason)).inc()
-            log.warning("dead-letter from %s@%s: %s", name, message.offset, dl.reason)
-            await outputs["dead_letter"].send(key=name.encode(), value=encode(dl, wire_format))
+        if held is None:
+            async for event in stream.events():
+                await after(event, dispatch(event))
+            return
+        manual = stream.noack()  # acked once the join settles the request (join_acks.py)
+        async for event in manual.events():
+            result = dispatch(event)
+            await after(event, result)
+            request_id = getattr(result.record, "request_id", None)
+            await held.after(manual, event, event.message.partition, request_id)
 
     consume.__name__ = f"consume_{logical}"
     app.agent(topic, name=f"foretoken.consume.{logical}")(consume)
+
+
+def _event_handlers(state: WorkerState, logical: str, outputs: dict[str, Any]) -> tuple[Any, Any]:
+    """(dispatch one event, then emit / count / dead-letter its result), for the agents."""
+    name = state.settings.topic(logical)
+    wire_format = state.settings.wire_format
+
+    def dispatch(event: Any) -> Consumed:
+        message = event.message
+        return state.dispatcher.consume(
+            logical, name, message.key, event.value, message.partition, message.offset
+        )
+
+    async def after(event: Any, result: Consumed) -> None:
+        for out_logical, out in result.emit:
+            await _emit(outputs, out_logical, out, wire_format)
+        if result.dead_letter is None:
+            state.metrics.consumed.labels(logical).inc()
+            return
+        dl = result.dead_letter
+        state.metrics.dead_lettered.labels(logical, reason_kind(dl.reason)).inc()
+        log.warning("dead-letter from %s@%s: %s", name, event.message.offset, dl.reason)
+        await outputs["dead_letter"].send(key=name.encode(), value=encode(dl, wire_format))
+
+    return dispatch, after
+
+
+def _dead_letter_of(state: WorkerState, outputs: dict[str, Any]) -> Any:
+    """Dead-letters a record of ``graded`` that the lake writer refused, with the reason."""
+
+    async def dead_letter(event: Any, reason: str) -> None:
+        name = state.settings.topic("graded")
+        message = event.message
+        dl = DeadLetter(
+            source=name, reason=reason, ts=time.time(), partition=message.partition,
+            offset=message.offset, key=message.key, payload=event.value or b"",
+        )  # fmt: skip
+        state.metrics.dead_lettered.labels("graded", reason_kind(reason)).inc()
+        log.warning("dead-letter from %s@%s: %s", name, message.offset, reason)
+        await outputs["dead_letter"].send(
+            key=name.encode(), value=encode(dl, state.settings.wire_format)
+        )
+
+    return dead_letter
 
 
 def _add_pages(app: faust.App, state: WorkerState) -> None:

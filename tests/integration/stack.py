@@ -34,8 +34,8 @@ class Stack:
 
 
 def start_stack(settings: Settings, tmp: Path, fleet: str = "small", time_scale: float = 1.0,
-                route_timeout_s: float = 0.25) -> Stack:  # fmt: skip
-    proc, worker = launch_worker(settings, tmp / "worker")
+                route_timeout_s: float = 0.25, **worker_env: str) -> Stack:  # fmt: skip
+    proc, worker = launch_worker(settings, tmp / "worker", **worker_env)
     stack = Stack(worker=worker, router_url="", engines=[], worker_proc=proc, tmp=tmp)
     try:
         engines_file = tmp / "engines.toml"
