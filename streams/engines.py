@@ -7,6 +7,9 @@ TOML, one ``[[engines]]`` table each::
     model = "kimi-sim"
     engine = "vllm"            # vllm | sglang | llamacpp
     engine_version = "0.11.0"
+    kv_events = true           # false: the engine publishes no KV events (llama.cpp, TGI)
+    reports_cached_tokens = true  # false: usage never says how much of the prompt was reused
+    tokenizer = "/path/tokenizer.json"   # optional: how the router counts this model's tokens
     block_size = 16
     http_url = "http://127.0.0.1:8101"
     kv_events_url = "tcp://127.0.0.1:5557"   # absent: the engine publishes no KV events
@@ -20,6 +23,22 @@ TOML, one ``[[engines]]`` table each::
     long_prefill_token_threshold = 0
 
 Each engine becomes a ``WorkerRegistration`` on the ``workers`` topic.
+
+A serial engine (llama.cpp: one request at a time, each prompt prefilled whole) is described
+by its scheduler settings alone — ``max_num_seqs = 1``, ``chunked_prefill = false`` — so the
+queue replay models it like any other engine (see ``fleet/llama_server.py``)::
+
+    [[engines]]
+    worker_id = "llama0"
+    model = "tiny-llama"
+    engine = "llamacpp"
+    http_url = "http://127.0.0.1:8201"
+    kv_events = false
+    reports_cached_tokens = false
+    [engines.scheduler]
+    max_num_batched_tokens = 17408   # the context: a whole prompt fits one step
+    max_num_seqs = 1
+    chunked_prefill = false
 """
 
 from __future__ import annotations
@@ -49,6 +68,8 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     replay_url: str | None = None
     metrics_url: str | None = None
     kv_topic: str = ""
+    # False: the engine publishes no KV events (no ZMQ subscription, whatever the URLs say).
+    kv_events: bool = True
     tiers: tuple[Tier, ...] = ("GPU",)
     eagle: bool = False
     kv_hash_algo: str = "sha256_cbor"
@@ -56,6 +77,12 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     reports_cached_tokens: bool = True
     gpu_blocks: int | None = None
     scheduler: SchedulerSettings = SchedulerSettings()
+    # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
+    tokenizer: str | None = None
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        return self.kv_events and self.kv_events_url is not None
 
     def config_hash(self) -> str:
         """Changes whenever anything that shapes the engine's cost does (a fresh fit)."""
@@ -82,7 +109,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
                 metrics_url=self.metrics_url,
             ),
             eagle=self.eagle,
-            has_kv_events=self.kv_events_url is not None,
+            has_kv_events=self.publishes_kv_events,
             gpu_blocks=self.gpu_blocks,
             config_hash=self.config_hash(),
             ts=time.time() if ts is None else ts,
