@@ -48,8 +48,8 @@ def run_llama_demo(settings: Settings, keep: bool = False) -> int:
     stack: LlamaStack | None = None
     try:
         port = None if _busy(ROUTER_PORT) else ROUTER_PORT
-        stack = start_llama_stack(env, RUN_DIR, count=ENGINES,
-                                  cfg=LlamaServerConfig(n_ctx=FULL.n_ctx), router_port=port)  # fmt: skip
+        cfg = LlamaServerConfig(n_ctx=FULL.n_ctx)
+        stack = start_llama_stack(env, RUN_DIR, count=ENGINES, cfg=cfg, router_port=port)
         console.print(f"{ENGINES} llama.cpp engines, worker, ingest, router: up "
                       f"(router {stack.router_url}/v1, model {stack.model})")  # fmt: skip
         rng = random.Random(0)

@@ -7,12 +7,10 @@ TOML, one ``[[engines]]`` table each::
     model = "kimi-sim"
     engine = "vllm"            # vllm | sglang | llamacpp
     engine_version = "0.11.0"
-    kv_events = true           # false: the engine publishes no KV events (llama.cpp, TGI)
-    reports_cached_tokens = true  # false: usage never says how much of the prompt was reused
     tokenizer = "/path/tokenizer.json"   # optional: how the router counts this model's tokens
     block_size = 16
     http_url = "http://127.0.0.1:8101"
-    kv_events_url = "tcp://127.0.0.1:5557"   # absent: the engine publishes no KV events
+    kv_events_url = "tcp://127.0.0.1:5557"   # absent (or kv_events = false): no KV events
     replay_url = "tcp://127.0.0.1:5558"
     metrics_url = "http://127.0.0.1:8101/metrics"
     tiers = ["GPU", "CPU"]
@@ -68,21 +66,18 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     replay_url: str | None = None
     metrics_url: str | None = None
     kv_topic: str = ""
-    # False: the engine publishes no KV events (no ZMQ subscription, whatever the URLs say).
-    kv_events: bool = True
     tiers: tuple[Tier, ...] = ("GPU",)
     eagle: bool = False
     kv_hash_algo: str = "sha256_cbor"
+    # False: the engine publishes no KV events (llama.cpp, TGI, vLLM without
+    # --kv-events-config); the index then credits it approximately from routed prompts.
+    kv_events: bool = True
     # The engine reports usage.prompt_tokens_details.cached_tokens (and omits it on a miss).
     reports_cached_tokens: bool = True
     gpu_blocks: int | None = None
     scheduler: SchedulerSettings = SchedulerSettings()
     # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
     tokenizer: str | None = None
-
-    @property
-    def publishes_kv_events(self) -> bool:
-        return self.kv_events and self.kv_events_url is not None
 
     def config_hash(self) -> str:
         """Changes whenever anything that shapes the engine's cost does (a fresh fit)."""
@@ -109,7 +104,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
                 metrics_url=self.metrics_url,
             ),
             eagle=self.eagle,
-            has_kv_events=self.publishes_kv_events,
+            has_kv_events=self.kv_events and self.kv_events_url is not None,
             gpu_blocks=self.gpu_blocks,
             config_hash=self.config_hash(),
             ts=time.time() if ts is None else ts,

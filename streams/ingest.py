@@ -194,7 +194,7 @@ def engine_block_size(metrics_url: str) -> int | None:
 class Ingest:
     def __init__(self, settings: Settings, engines: list[EngineConfig]) -> None:
         self.settings = settings
-        self.engines = [e for e in engines if e.publishes_kv_events]
+        self.engines = [e for e in engines if e.kv_events_url and e.kv_events]
         self.all_engines = engines
         self.metrics = IngestMetrics()
         self.tracker = SeqTracker()

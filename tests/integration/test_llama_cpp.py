@@ -53,7 +53,7 @@ def stack(
 
 def test_engines_file_has_no_costs_and_no_events(stack: LlamaStack) -> None:
     (engine,) = load_engines(stack.run_dir / "engines.toml")
-    assert engine.engine == "llamacpp" and not engine.publishes_kv_events
+    assert engine.engine == "llamacpp" and not engine.kv_events
     assert not engine.reports_cached_tokens
     assert engine.scheduler.max_num_seqs == 1 and not engine.scheduler.chunked_prefill
     reg = engine.registration()

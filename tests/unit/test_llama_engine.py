@@ -78,7 +78,7 @@ def test_engine_config_is_a_serial_engine_without_events_or_cache_reports() -> N
     cfg = engine_config("llama0", "tiny", "http://127.0.0.1:1", n_ctx=8192, tokenizer="/t.json")
     reg = cfg.registration(ts=0.0)
     assert reg.engine == "llamacpp" and not reg.has_kv_events
-    assert not cfg.reports_cached_tokens and not cfg.publishes_kv_events
+    assert not cfg.reports_cached_tokens and not cfg.kv_events
     assert reg.scheduler.max_num_seqs == 1 and not reg.scheduler.chunked_prefill
     assert reg.scheduler.max_num_batched_tokens == 8192
     assert reg.gpu_blocks is not None and reg.gpu_blocks * reg.block_size == 8192
