@@ -60,15 +60,21 @@ def llama_cpp_version() -> str:
 @dataclass(frozen=True, slots=True)
 class LlamaServerConfig:
     n_ctx: int = DEFAULT_N_CTX
-    n_threads: int | None = None  # None: llama-cpp-python's default
+    # One thread per engine: llama.cpp's OpenMP threads spin at barriers, and on a small
+    # shared machine two of them make a prefill 3-8x slower and erratic (measured).
+    n_threads: int | None = 1
     n_batch: int = 512
     host: str = "127.0.0.1"
 
 
-def server_args(model: Path, port: int, cfg: LlamaServerConfig = LlamaServerConfig()) -> list[str]:
+def server_args(
+    model: Path, port: int, cfg: LlamaServerConfig = LlamaServerConfig(),
+    alias: str = DEFAULT_MODEL_NAME,
+) -> list[str]:  # fmt: skip
     args = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(model),
-        "--host", cfg.host, "--port", str(port), "--n_ctx", str(cfg.n_ctx),
+        "--model_alias", alias, "--host", cfg.host, "--port", str(port),
+        "--n_ctx", str(cfg.n_ctx),
         "--n_batch", str(cfg.n_batch), "--n_ubatch", str(cfg.n_batch),
         "--interrupt_requests", "false", "--logits_all", "false", "--verbose", "false",
     ]  # fmt: skip
@@ -143,7 +149,7 @@ def start_servers(
     try:
         for i, port in enumerate(ports[:count]):
             log = run_dir / f"llama-{i}.log"
-            proc = spawn(server_args(gguf_path, port, cfg), {}, log)
+            proc = spawn(server_args(gguf_path, port, cfg, model_name), {}, log)
             running.append(RunningLlama(f"{worker_prefix}{i}", f"http://{cfg.host}:{port}",
                                         proc, log))  # fmt: skip
         for r in running:
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=2)
     parser.add_argument("--base-port", type=int, default=0, help="0: free ports")
     parser.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="threads per engine")
     parser.add_argument("--engines-out", default=".run/engines.toml")
     parser.add_argument("--run-dir", default=".run/llama")
     args = parser.parse_args(argv)

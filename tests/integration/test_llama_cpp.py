@@ -13,10 +13,13 @@ engine — learned only from TTFTs the router measured (the engines file holds n
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -65,14 +68,16 @@ def test_engines_file_has_no_costs_and_no_events(stack: LlamaStack) -> None:
 def test_serves_both_endpoints_streaming_through_the_router(stack: LlamaStack) -> None:
     rng = random.Random(1)
     prompt = random_text(rng, 300)
-    direct = complete(stack.llamas[0].url, stack.model, prompt, max_tokens=4)
-    # The engine counts tokens as the router's tokenizer does (one byte, one token) and
-    # reports no cached tokens.
-    assert direct.usage["prompt_tokens"] == len(prompt.encode())
-    assert "prompt_tokens_details" not in direct.usage
+    # Not streamed, the engine reports usage: it counts tokens as the router's tokenizer does
+    # (one byte, one token) and says nothing of cached tokens. (Streamed, it sends no usage.)
+    body = {"model": stack.model, "prompt": prompt, "max_tokens": 4}
+    usage = post_json(stack.llamas[0].url + "/v1/completions", body)["usage"]
+    assert usage["prompt_tokens"] == len(prompt.encode())
+    assert "prompt_tokens_details" not in usage
     routed = complete(stack.router_url, stack.model, prompt, max_tokens=4)
     assert routed.ttft_s is not None and routed.text.strip()
-    assert routed.usage["prompt_tokens"] == len(prompt)
+    whole = post_json(stack.router_url + "/v1/completions", body)
+    assert whole["choices"][0]["text"]
     chat = complete(stack.router_url, stack.model, "hello there", max_tokens=4,
                     path="/v1/chat/completions")  # fmt: skip
     assert chat.ttft_s is not None and chat.text
@@ -134,6 +139,14 @@ def test_fit_learns_the_engines_curve(stack: LlamaStack) -> None:
         fitted = float(fit["a"]) * n + float(fit["b"]) * n * n  # type: ignore[arg-type]
         engine = a * n + b * n * n
         assert LOW * engine <= fitted <= HIGH * engine + ALLOWANCE_S, (n, fitted, engine, fit)
+
+
+def post_json(url: str, body: dict[str, object]) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        out: dict[str, Any] = json.loads(resp.read())
+    return out
 
 
 def _settings(stack: LlamaStack) -> Settings:
