@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "router": "bench.router_bench",
     "lake": "bench.lake_bench",
     "predict": "bench.predict_bench",
+    "approx": "bench.approx_bench",
     "real-engine": "bench.real_engine_bench",
 }
 OUT_DIR = Path(".run/bench")

@@ -219,8 +219,16 @@ def overview_tab(
 
 DISAGREEMENT_HELP: Final = (
     "Credited and engine-reported cached tokens differ by at least one block, over served "
-    "requests where both are known."
+    "requests where both are known. Engines without KV events are credited approximately "
+    "(from the prompts routed there); engines that report no cached tokens leave it unknown."
 )
+
+
+def approximate_note(ov: data.Overview) -> str:
+    """The share of the cache grades that rests on approximate or unknown views."""
+    parts = [f"{count(ov.approximate_credit)} approximate"] if ov.approximate_credit else []
+    parts += [f"{count(ov.reuse_unknown)} unknown"] if ov.reuse_unknown else []
+    return f" · {', '.join(parts)}" if parts else ""
 
 
 def prediction_cards(ov: data.Overview, fa: data.FalseAlarms, served: str, failed: str) -> None:
@@ -242,7 +250,7 @@ def prediction_cards(ov: data.Overview, fa: data.FalseAlarms, served: str, faile
     row = st.columns(4)
     card(
         row[0], "Cache disagreement", pct(ov.disagreement), DISAGREEMENT_HELP,
-        f"{count(ov.disagreeing)} of {count(ov.cache_known)}",
+        f"{count(ov.disagreeing)} of {count(ov.cache_known)}" + approximate_note(ov),
     )  # fmt: skip
     same = "|predicted − actual| ≤ 1 s where the credited cache"
     card(row[1], "Within 1 s · cache agrees", pct(ov.within_1s_agreeing), f"{same} agreed.",
@@ -351,7 +359,8 @@ def predictions_tab(
     shown = f"{count(points.height)} of {count(ov.predicted)}"
     st.caption(
         f"{shown} served requests with a prediction (log axes). ● the cache view agreed with "
-        "the engine · ○ hollow: it disagreed by at least one block. Shaded: within 1 s."
+        "the engine · ○ hollow: it disagreed by at least one block · ◆ the engine did not say "
+        "what it reused. Shaded: within 1 s."
     )
     st.altair_chart(scatter_chart(points), width="stretch")
     st.altair_chart(error_histogram(points), width="stretch")
@@ -379,16 +388,20 @@ def scatter_chart(points: pl.DataFrame) -> Layered:
             "request_id:N", "worker_id:N", "workload_class:N", "prompt_tokens:Q",
             alt.Tooltip("predicted_ttft_s:Q", format=".2f"),
             alt.Tooltip("actual_ttft_s:Q", format=".2f"),
-            "credited_cached_tokens:Q", "engine_cached_tokens:Q",
+            "credited_cached_tokens:Q", "engine_cached_tokens:Q", "cache_source:N",
         ],
     )  # fmt: skip
-    agree = base.transform_filter("!datum.cache_disagreement").mark_point(
+    agree = base.transform_filter("datum.cache_view == 'agrees'").mark_point(
         filled=True, size=22, opacity=0.55
+    )
+    unknown = base.transform_filter("datum.cache_view == 'unknown'").mark_point(
+        shape="diamond", filled=True, size=30, opacity=0.55
     )
     disagree = base.transform_filter("datum.cache_disagreement").mark_point(
         filled=False, size=70, strokeWidth=1.6, opacity=0.9
     )
-    return (shade + diagonal + agree + disagree).properties(height=520).interactive()
+    layers = shade + diagonal + agree + unknown + disagree
+    return layers.properties(height=520).interactive()
 
 
 def measured_chart(points: pl.DataFrame) -> alt.Chart:
@@ -413,8 +426,7 @@ def measured_chart(points: pl.DataFrame) -> alt.Chart:
 
 def error_histogram(points: pl.DataFrame) -> alt.LayerChart:
     errors = points.with_columns(
-        pl.when(pl.col("cache_disagreement")).then(pl.lit("disagrees")).otherwise(pl.lit("agrees"))
-        .alias("cache"),
+        pl.col("cache_view").alias("cache"),
         pl.col("error_s").clip(-ERROR_CLIP_S, ERROR_CLIP_S).alias("clipped"),
     )  # fmt: skip
     bars = (
@@ -427,8 +439,8 @@ def error_histogram(points: pl.DataFrame) -> alt.LayerChart:
                   title="seconds (negative: later than predicted)"),
             alt.Y("count():Q", title="requests", stack=True),
             alt.Color("cache:N", title="cache view",
-                      scale=alt.Scale(domain=["agrees", "disagrees"],
-                                      range=["#4c78a8", "#f58518"])),
+                      scale=alt.Scale(domain=["agrees", "disagrees", "unknown"],
+                                      range=["#4c78a8", "#f58518", "#bab0ac"])),
         )
     )  # fmt: skip
     marks = pl.DataFrame({"x": [-1.0, 1.0]})

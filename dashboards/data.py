@@ -197,6 +197,8 @@ class Overview:
     within_1s_disagreeing: float | None
     promised: int  # admitted and predicted within their bound (served, so graded)
     underpredicted: int  # … and the actual TTFT exceeded it
+    approximate_credit: int = 0  # served on engines without KV events (approximate view)
+    reuse_unknown: int = 0  # served where the engine did not say what it reused
 
     @property
     def disagreement(self) -> float | None:
@@ -232,7 +234,9 @@ SELECT
     count(*) FILTER (admitted AND status = 'served' AND actual_ttft_s IS NOT NULL
                      AND predicted_ttft_s <= max_queue_wait_s) AS promised,
     count(*) FILTER (admitted AND predicted_ttft_s <= max_queue_wait_s
-                     AND actual_ttft_s > max_queue_wait_s) AS underpredicted
+                     AND actual_ttft_s > max_queue_wait_s) AS underpredicted,
+    count(*) FILTER (status = 'served' AND cache_source = 'approximate') AS approximate_credit,
+    count(*) FILTER (status = 'served' AND engine_cached_tokens IS NULL) AS reuse_unknown
 FROM g
 """
     )
@@ -357,6 +361,8 @@ BREAKDOWNS: Final = {
     "model": "model",
     "worker": "coalesce(worker_id, '(not routed)')",
     "workload class": "workload_class",
+    # engines' KV events, or approximate (engines without events, credited from routes)
+    "cache source": "coalesce(cache_source, 'events')",
     "hour": "strftime(make_timestamp(CAST(floor(ts / 3600) * 3600000000 AS BIGINT)),"
     " '%Y-%m-%d %H:00')",
 }
@@ -407,7 +413,10 @@ def scatter(
 SELECT request_id, model, worker_id, workload_class, prompt_tokens,
        predicted_ttft_s, actual_ttft_s, error_s,
        credited_cached_tokens, engine_cached_tokens,
-       coalesce(cache_disagreement, false) AS cache_disagreement
+       coalesce(cache_disagreement, false) AS cache_disagreement,
+       CASE WHEN cache_disagreement IS NULL THEN 'unknown'
+            WHEN cache_disagreement THEN 'disagrees' ELSE 'agrees' END AS cache_view,
+       coalesce(cache_source, 'events') AS cache_source
 FROM g
 WHERE status = 'served' AND actual_ttft_s > 0 AND (NOT ? OR predicted_ttft_s > 0)
 ORDER BY hash(request_id)

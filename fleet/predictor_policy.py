@@ -27,6 +27,13 @@ are delivered at once (the replay has no broker lag). Join and queue expiry run 
 The decision carries the prediction (predicted TTFT, queue wait, own prefill, credited
 cached tokens and tier, queued tokens ahead, fit, candidates, explore), so the replay's
 records grade it. Registered as ``"predictor"``.
+
+:class:`ApproxPredictorPolicy` (``"predictor-approx"``) is the same predictor for engines
+that publish no KV events and report no cached tokens (issue 9): every worker registers
+with ``has_kv_events = reports_cached_tokens = False``, the replay builds no KV events, the
+index credits routed prompts only (:mod:`predictor.approx`), and the engines' cached tokens
+are withheld from the predictor. The replay's own records still carry what the simulated
+engine reused, so its cache disagreement measures how far the approximate credit is off.
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Self
 
+import msgspec
 import numpy as np
 
 from fleet.policy import (
@@ -48,6 +57,7 @@ from fleet.prefix_cache import KvEventDetail, TokenIds
 from fleet.spec import EngineSpec, FleetSpec
 from foretoken.ids import ModelName, RequestId, WorkerId
 from grading.join import DEFAULT_TIMEOUT_S, GradingJoin
+from predictor.approx import ApproxCacheConfig, index_params
 from predictor.index import PrefixIndex
 from predictor.service import Predictor, PredictorConfig
 from streams.records import (
@@ -63,6 +73,7 @@ from streams.records import (
 from streams.records import RouteRequest as WireRouteRequest
 
 POLICY_NAME = "predictor"
+APPROX_POLICY_NAME = "predictor-approx"
 REASON_ADMITTED = "lowest_predicted_ttft"
 REASON_EXPLORE = "explore"
 # Simulated engines have no URL; the registration still names one (the router needs it).
@@ -150,8 +161,10 @@ class PredictorPolicy:
         config: PredictorConfig | None = None,
         join_timeout_s: float = DEFAULT_TIMEOUT_S,
         maintain_every_s: float = DEFAULT_MAINTAIN_EVERY_S,
+        approx: ApproxCacheConfig | None = None,
     ) -> None:
         base = replace(config or PredictorConfig(), seed=seed)  # the policy's seed wins
+        self.approx = approx or ApproxCacheConfig()
         self.index = PrefixIndex()
         self.predictor = Predictor(self.index, config=base)
         self.join = GradingJoin(block_size_of=self._block_size_of, timeout_s=join_timeout_s)
@@ -172,7 +185,7 @@ class PredictorPolicy:
     @classmethod
     def for_fleet(
         cls, fleet: FleetSpec, seed: int = 0, *, config: PredictorConfig | None = None
-    ) -> PredictorPolicy:
+    ) -> Self:
         """A policy for a simulated fleet, registered from each engine's reported fields
         (with GPU blocks, which the generic :class:`FleetView` does not carry)."""
         view = FleetView([WorkerInfo.from_spec(spec) for spec in fleet.engines])
@@ -189,9 +202,11 @@ class PredictorPolicy:
             self._registrations.pop(wid, None)
             self._models.pop(wid, None)
         else:
+            ttl_s, capacity = index_params(registration, self.approx)
             self.index.register_worker(
-                wid, registration.model, registration.block_size, eagle=registration.eagle
-            )
+                wid, registration.model, registration.block_size, eagle=registration.eagle,
+                store_only_ttl_s=ttl_s, capacity_blocks=capacity,
+            )  # fmt: skip
             self._registrations[wid] = registration
             self._models[wid] = registration.model
         self.predictor.on_registration(registration)
@@ -344,4 +359,29 @@ def decision_from_grant(grant: Grant) -> Decision:
     )
 
 
+class ApproxPredictorPolicy(PredictorPolicy):
+    """The predictor on engines without KV events or cached-token reports (module doc)."""
+
+    name = APPROX_POLICY_NAME
+    kv_events: KvEventDetail = "off"
+
+    def register(self, registration: WorkerRegistration) -> None:
+        if not registration.removed:
+            registration = msgspec.structs.replace(
+                registration, has_kv_events=False, reports_cached_tokens=False
+            )
+        super().register(registration)
+
+    def on_first_token(
+        self,
+        request_id: RequestId,
+        worker_id: WorkerId,
+        ttft_s: float,
+        engine_cached_tokens: int | None,
+        t_s: float,
+    ) -> None:
+        super().on_first_token(request_id, worker_id, ttft_s, None, t_s)  # the engine says nothing
+
+
 register_policy(POLICY_NAME, PredictorPolicy)
+register_policy(APPROX_POLICY_NAME, ApproxPredictorPolicy)

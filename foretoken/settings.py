@@ -58,6 +58,11 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Kafka consumer-group session: how long a killed worker's partitions stay assigned.
     session_timeout_s: float = 10.0
     heartbeat_interval_s: float = 3.0
+    # Approximate cache mode (engines without KV events, predictor/approx.py): a routed
+    # prompt counts as cached this long after it was last served, and at most this many
+    # tokens per worker when its registration gives no gpu_blocks.
+    approx_cache_ttl_s: float = 300.0
+    approx_cache_default_tokens: int = 65_536
 
 
 class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):

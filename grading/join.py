@@ -14,7 +14,9 @@ sees both sides of a request. Whichever side comes first waits here, keyed by re
 
 Grades follow PRODUCT.md §4: ``error_s = predicted − actual``; cache disagreement when the
 credited and engine-reported cached tokens differ by at least one block, only where both are
-known (an engine that reports nothing leaves it unknown, never zero).
+known (an engine that reports nothing leaves it unknown, never zero). A worker registered with
+``reports_cached_tokens = false`` has unknown reuse whatever its outcomes say
+(``reports_cached_of``): a 0 there would be a guess, not a measurement.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ DEFAULT_TIMEOUT_S = 900.0
 GRADED_MEMORY = 200_000  # request ids remembered as graded, for idempotency
 
 BlockSizeOf = Callable[[WorkerId], int | None]
+ReportsCachedOf = Callable[[WorkerId], bool]
+
+
+def _reports(worker: WorkerId) -> bool:
+    return True
 
 
 @dataclass(slots=True)
@@ -52,6 +59,8 @@ class JoinCounters:
 class GradingJoin:
     block_size_of: BlockSizeOf
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # Whether the worker's engine reports cached tokens at all (its registration says).
+    reports_cached_of: ReportsCachedOf = _reports
     pending: dict[RequestId, _Pending] = field(default_factory=dict)
     done: OrderedDict[RequestId, None] = field(default_factory=OrderedDict)
     counters: JoinCounters = field(default_factory=JoinCounters)
@@ -102,7 +111,8 @@ class GradingJoin:
         if len(self.done) > GRADED_MEMORY:
             self.done.popitem(last=False)
         self.counters.graded += 1
-        return grade(entry.grant, entry.first, entry.completion, self.block_size_of)
+        return grade(entry.grant, entry.first, entry.completion, self.block_size_of,
+                     self.reports_cached_of)  # fmt: skip
 
 
 def _status(grant: Grant, first: Outcome | None, completion: Outcome | None) -> str:
@@ -118,7 +128,11 @@ def _status(grant: Grant, first: Outcome | None, completion: Outcome | None) -> 
 
 
 def grade(
-    grant: Grant, first: Outcome | None, completion: Outcome | None, block_size_of: BlockSizeOf
+    grant: Grant,
+    first: Outcome | None,
+    completion: Outcome | None,
+    block_size_of: BlockSizeOf,
+    reports_cached_of: ReportsCachedOf = _reports,
 ) -> Graded:
     status = _status(grant, first, completion)
     actual = None
@@ -131,6 +145,8 @@ def grade(
     engine_cached = completion.engine_cached_tokens if completion is not None else None
     if engine_cached is None and first is not None:
         engine_cached = first.engine_cached_tokens
+    if grant.worker_id is not None and not reports_cached_of(grant.worker_id):
+        engine_cached = None  # unknown reuse: the engine never says
     block = block_size_of(grant.worker_id) if grant.worker_id else None
     disagreement = None
     if status == "served" and engine_cached is not None and block:
@@ -168,4 +184,5 @@ def grade(
         fit_default=fit.default if fit else None,
         queue_tokens_ahead=grant.queue_tokens_ahead,
         approximate_cache=grant.approximate_cache,
+        cache_source=grant.cache_source,
     )

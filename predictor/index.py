@@ -39,6 +39,7 @@ from predictor.index_state import (
     Space,
     SpaceState,
     Worker,
+    share_ints,
     tier_index,
 )
 from predictor.index_walk import walk
@@ -130,10 +131,7 @@ class PrefixIndex:
 
         The returned stats are also summed into :attr:`totals` (treat them as read-only).
         """
-        stats = ApplyStats(batches=1)
-        self._done.append(stats)
-        if len(self._done) >= FOLD_STATS_EVERY:
-            self._fold_stats()
+        stats = self._new_stats(batches=1)
         worker = self._workers.get(batch.worker_id)
         if worker is None:
             stats.unknown_worker_batches = 1
@@ -159,6 +157,37 @@ class PrefixIndex:
         if worker.lru is not None and worker.sweep_due(now_s):
             self._sweep(worker, now_s, stats)
         return stats
+
+    def observe_served(self, worker_id: WorkerId, own_hashes: Sequence[int], now_s: float) -> int:
+        """Approximate mode (:mod:`predictor.approx`): a prompt (its own hashes in the
+        worker's space, :meth:`hash_prompt`) was served by a worker that publishes no KV
+        events, so its blocks are taken as cached there now. Only aged (store-only)
+        workers learn this way; returns the number of blocks newly filed."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.lru is None or not len(own_hashes):
+            return 0
+        stats = self._new_stats()
+        if self._touches:
+            self._apply_touches()
+        # Tail first: the LRU then drops a prompt's last blocks before its prefix.
+        owns = [h & ENGINE_KEY_MASK for h in reversed(_int_list(own_hashes))]
+        gpu, bit = tier_index("GPU"), worker.bit
+        table = worker.space.masks[gpu][worker.word]
+        new = [own for own in owns if not table.get(own, 0) & bit]
+        if new:
+            self._add(worker, new, new, gpu, now_s, stats)
+        worker.touch(owns, owns, now_s)  # refresh the blocks it held already
+        if worker.sweep_due(now_s) or len(worker.lru) > (worker.capacity or len(worker.lru)):
+            self._sweep(worker, now_s, stats)
+        return len(new)
+
+    def age(self, now_s: float) -> None:
+        """Sweep the aged (store-only) workers whose sweep is due (cheap when none is)."""
+        for worker in self._workers.values():
+            if worker.lru is not None and worker.sweep_due(now_s):
+                if self._touches:
+                    self._apply_touches()
+                self._sweep(worker, now_s, self._new_stats())
 
     def maintain(self, now_s: float) -> ApplyStats:
         """Age out store-only entries of every worker now (``apply`` does it lazily)."""
@@ -518,6 +547,14 @@ class PrefixIndex:
         self._fold_stats()
         return self._totals
 
+    def _new_stats(self, batches: int = 0) -> ApplyStats:
+        """A call's stats, kept for the totals (folded before, never after, it is added)."""
+        if len(self._done) >= FOLD_STATS_EVERY:
+            self._fold_stats()
+        stats = ApplyStats(batches=batches)
+        self._done.append(stats)
+        return stats
+
     def _fold_stats(self) -> None:
         if self._done:
             self._totals = ApplyStats.total([self._totals, *self._done])
@@ -561,25 +598,9 @@ class PrefixIndex:
             space.place(worker)
             index._workers[worker.worker_id] = worker
         for space in index._spaces.values():
-            _share_ints(space)
+            share_ints(space)
         index._totals = state.totals
         return index
-
-
-def _share_ints(space: Space) -> None:
-    """After decoding, every int is its own object: share them again as ingest does (own
-    hashes between the engine maps and the tables; one mask object per single holder)."""
-    bits = {w.bit: w.bit for w in space.workers()}
-    owns: dict[int, int] = {}
-    for tables in space.masks:
-        for word, table in enumerate(tables):
-            values = map(bits.get, table.values(), table.values())
-            tables[word] = shared = dict(zip(table, values, strict=True))
-            owns.update(zip(shared, shared, strict=True))
-    for worker in space.workers():
-        emap = worker.emap
-        values = map(owns.get, emap.values(), emap.values())
-        worker.emap = dict(zip(emap, values, strict=True))
 
 
 def _engine_keys(hashes: Sequence[int]) -> list[int]:

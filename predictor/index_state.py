@@ -390,3 +390,19 @@ class Worker:
         worker.rev = state.rev or {}
         worker.next_sweep_s = state.next_sweep_s
         return worker
+
+
+def share_ints(space: Space) -> None:
+    """After decoding, every int is its own object: share them again as ingest does (own
+    hashes between the engine maps and the tables; one mask object per single holder)."""
+    bits = {w.bit: w.bit for w in space.workers()}
+    owns: dict[int, int] = {}
+    for tables in space.masks:
+        for word, table in enumerate(tables):
+            values = map(bits.get, table.values(), table.values())
+            tables[word] = shared = dict(zip(table, values, strict=True))
+            owns.update(zip(shared, shared, strict=True))
+    for worker in space.workers():
+        emap = worker.emap
+        values = map(owns.get, emap.values(), emap.values())
+        worker.emap = dict(zip(emap, values, strict=True))

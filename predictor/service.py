@@ -33,6 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from foretoken.ids import ModelName, RequestId, WorkerId
+from predictor.approx import cache_source
 from predictor.fit_registry import FitRegistry, prefill_sample_cached, time_per_output_token_s
 from predictor.index import PrefixIndex
 from predictor.queue import WorkerQueue
@@ -101,6 +102,9 @@ class Predictor:
         self.decisions: OrderedDict[RequestId, RouteResponse] = OrderedDict()
         self.conversations: OrderedDict[str, WorkerId] = OrderedDict()
         self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
+        # Approximate mode: own hashes of prompts sent to workers without KV events, filed
+        # in the index as cached there once their first token arrives (predictor.approx).
+        self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
         self.rng = random.Random(self.config.seed)
 
     # ------------------------------------------------------------------ observations
@@ -127,6 +131,7 @@ class Predictor:
                           grant.cached_tokens, expected)  # fmt: skip
 
     def on_outcome(self, outcome: Outcome, now_s: float) -> None:
+        self._observe_served(outcome, now_s)
         queue = self.queues.get(outcome.worker_id)
         if queue is None:
             return
@@ -162,10 +167,25 @@ class Predictor:
                                graded.actual_ttft_s, now_s, cached)  # fmt: skip
         return True
 
+    def _observe_served(self, outcome: Outcome, now_s: float) -> None:
+        """A prompt routed to a worker without KV events is cached there once its prefill
+        is done: at its first token (or its completion, if the first token was lost)."""
+        sent = self.served_prompts.get(outcome.request_id)
+        if sent is None:
+            return
+        if outcome.kind == "completion" or outcome.status == "ok":
+            del self.served_prompts[outcome.request_id]
+        wid, hashes = sent
+        prefilled = outcome.actual_ttft_s is not None and outcome.status != "error"
+        if prefilled and wid == outcome.worker_id:
+            self.index.observe_served(wid, hashes, now_s)
+
     def maintain(self, now_s: float) -> None:
         for queue in self.queues.values():
             for rid in queue.expire(now_s, self.config.outstanding_max_age_s):
                 self.alone.pop(rid, None)
+                self.served_prompts.pop(rid, None)
+        self.index.age(now_s)
 
     # ------------------------------------------------------------------ predictions
 
@@ -179,6 +199,7 @@ class Predictor:
         prompt_tokens: int | None = None,
     ) -> list[Candidate]:  # fmt: skip
         n = len(token_ids) if token_ids else (prompt_tokens or 0)
+        self.index.age(now_s)  # approximate views forget what their TTL says is gone
         hits = self.index.lookup(model, list(token_ids)) if token_ids else {}
         out: list[Candidate] = []
         for wid, reg in self.workers.items():
@@ -199,7 +220,9 @@ class Predictor:
                 worker_id=wid, predicted_ttft_s=ttft, queue_wait_s=max(0.0, ttft - prefill),
                 prefill_s=prefill, cached_tokens=cached, cached_tier=deepest,  # type: ignore[arg-type]
                 queue_tokens_ahead=result.queue_tokens_ahead,
-                approximate_cache=bool(hit is not None and hit.approximate),
+                approximate_cache=bool(hit is not None and hit.approximate)
+                or not reg.has_kv_events,
+                cache_source=cache_source(reg),
             ), cached))  # fmt: skip
         return out
 
@@ -237,6 +260,7 @@ class Predictor:
             wid = best.prediction.worker_id
             expected = req.expected_output_tokens or self.config.default_output_tokens
             self._enqueue(wid, req.request_id, now_s, n, best.cached_tokens, expected)
+            self._remember_prompt(req, wid)
             if req.conversation_id:
                 self.conversations[req.conversation_id] = wid
                 self.conversations.move_to_end(req.conversation_id)
@@ -317,6 +341,15 @@ class Predictor:
                     self.alone[other.request_id] = False
             self.alone[rid] = was_idle
 
+    def _remember_prompt(self, req: RouteRequest, wid: WorkerId) -> None:
+        reg = self.workers[wid]
+        if reg.has_kv_events or not req.token_ids:
+            return
+        owns = self.index.hash_prompt(reg.model, reg.block_size, req.token_ids).tolist()
+        self.served_prompts[req.request_id] = (wid, owns)
+        if len(self.served_prompts) > self.config.decision_memory:
+            self.served_prompts.popitem(last=False)
+
     def _remember(self, rid: RequestId, resp: RouteResponse) -> RouteResponse:
         self.decisions[rid] = resp
         if len(self.decisions) > self.config.decision_memory:
@@ -340,6 +373,7 @@ class Predictor:
             queue_wait_s=p.queue_wait_s if p else None, prefill_s=p.prefill_s if p else None,
             cached_tokens=p.cached_tokens if p else 0, cached_tier=p.cached_tier if p else None,
             approximate_cache=p.approximate_cache if p else False,
+            cache_source=p.cache_source if p else "events",
             queue_tokens_ahead=p.queue_tokens_ahead if p else 0, fit=fit,
             max_queue_wait_s=req.max_queue_wait_s, already_waited_s=req.already_waited_s,
             explore=explore, conversation_id=req.conversation_id, candidates=candidates,

@@ -21,6 +21,7 @@ from foretoken import __version__
 from foretoken.ids import WorkerId
 from foretoken.settings import Settings
 from grading.join import GradingJoin
+from predictor.approx import ApproxCacheConfig
 from predictor.service import Predictor
 from streams.consume import INPUT_TOPICS, Dispatcher, Position, reason_kind
 from streams.index_keeper import IndexKeeper
@@ -49,9 +50,15 @@ class WorkerState:
         self.dispatcher = Dispatcher()
         self.metrics = WorkerMetrics()
         self.started_ts = time.time()
-        self.index = index or IndexKeeper(settings.topic("kv_events"), None)
+        approx = ApproxCacheConfig(
+            settings.worker.approx_cache_ttl_s, settings.worker.approx_cache_default_tokens
+        )
+        self.index = index or IndexKeeper(settings.topic("kv_events"), None, approx=approx)
+        self.index.approx = approx
         self.directory: dict[WorkerId, WorkerRegistration] = {}
-        self.join = GradingJoin(block_size_of=self.block_size_of)
+        self.join = GradingJoin(
+            block_size_of=self.block_size_of, reports_cached_of=self.reports_cached_of
+        )
         self.predictor = Predictor(self.index.index)
         self.dispatcher.on("workers", self.on_worker)
         self.dispatcher.on("workers", self.index.on_worker)
@@ -63,6 +70,10 @@ class WorkerState:
     def block_size_of(self, worker: WorkerId) -> int | None:
         reg = self.directory.get(worker)
         return reg.block_size if reg is not None else None
+
+    def reports_cached_of(self, worker: WorkerId) -> bool:
+        reg = self.directory.get(worker)
+        return reg.reports_cached_tokens if reg is not None else True
 
     def on_worker(self, record: Record, pos: Position) -> None:
         assert isinstance(record, WorkerRegistration)

@@ -105,6 +105,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             ),
             eagle=self.eagle,
             has_kv_events=self.kv_events and self.kv_events_url is not None,
+            reports_cached_tokens=self.reports_cached_tokens,
             gpu_blocks=self.gpu_blocks,
             config_hash=self.config_hash(),
             ts=time.time() if ts is None else ts,

@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from foretoken.ids import ModelName, WorkerId
+from predictor.approx import ApproxCacheConfig, cache_source, index_params
 from predictor.index import PrefixIndex
 from streams.consume import Position
 from streams.records import KvEventBatch, Record, WorkerRegistration
@@ -40,8 +41,16 @@ class _Snapshot(msgspec.Struct, frozen=True):
 
 
 class IndexKeeper:
-    def __init__(self, topic: str, path: Path | None, index: PrefixIndex | None = None) -> None:
+    def __init__(
+        self,
+        topic: str,
+        path: Path | None,
+        index: PrefixIndex | None = None,
+        approx: ApproxCacheConfig | None = None,
+    ) -> None:
         self.topic = topic
+        self.approx = approx or ApproxCacheConfig()
+        self.registrations: dict[WorkerId, WorkerRegistration] = {}
         self.path = path
         self.index = index or PrefixIndex()
         self.applied: dict[int, int] = {}  # partition -> offset of the last applied batch
@@ -60,14 +69,19 @@ class IndexKeeper:
         if record.removed:
             self.index.remove_worker(record.worker_id)
             self.known.discard(record.worker_id)
+            self.registrations.pop(record.worker_id, None)
             return
+        ttl_s, capacity = index_params(record, self.approx)
         self.index.register_worker(
             record.worker_id,
             record.model,
             record.block_size,
             eagle=record.eagle,
+            store_only_ttl_s=ttl_s,
+            capacity_blocks=capacity,
         )
         self.known.add(record.worker_id)
+        self.registrations[record.worker_id] = record
         for batch in self.pending.pop(record.worker_id, []):
             self.index.apply(batch, time.time())
 
@@ -142,7 +156,7 @@ class IndexKeeper:
     def cache_page(self, model: str) -> dict[str, object]:
         stats = self.index.stats()
         workers = {
-            wid: w
+            wid: w | self._source(WorkerId(wid))
             for wid, w in stats["workers"].items()  # type: ignore[attr-defined]
             if w["model"] == model
         }
@@ -157,7 +171,19 @@ class IndexKeeper:
             "counters": stats["counters"],
         }
 
+    def _source(self, worker: WorkerId) -> dict[str, object]:
+        """How the index knows this worker's cache: ``cache_source`` "events" (the engine's
+        KV events) or "approximate" (routed prompts, aged by TTL and capacity)."""
+        reg = self.registrations.get(worker)
+        if reg is None:
+            return {"cache_source": None}
+        if reg.has_kv_events:
+            return {"cache_source": cache_source(reg)}
+        ttl_s, capacity = index_params(reg, self.approx)
+        return {"cache_source": cache_source(reg), "ttl_s": ttl_s, "capacity_blocks": capacity}
+
     def lookup_page(self, model: str, token_ids: list[int]) -> dict[str, object]:
+        self.index.age(time.time())
         hits = self.index.lookup(ModelName(model), token_ids)
         return {
             "model": model,
@@ -167,6 +193,7 @@ class IndexKeeper:
                     "tokens": h.tokens,
                     "by_tier": h.by_tier(),
                     "approximate": h.approximate,
+                    **self._source(WorkerId(w)),
                 }
                 for w, h in hits.items()
             },

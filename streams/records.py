@@ -23,6 +23,10 @@ MAX_SEQ = (1 << 63) - 1
 
 WireFormat = Literal["json", "msgpack"]
 Tier = Literal["GPU", "CPU", "DISK", "SHARED"]
+# Where a worker's cache credit comes from: the engine's own KV events (exact, unless the
+# index was reset), or foretoken's own routing decisions for an engine that publishes none
+# (approximate: aged by a TTL and an estimated capacity).
+CacheSource = Literal["events", "approximate"]
 
 
 class DecodeError(ValueError):
@@ -98,7 +102,11 @@ class WorkerRegistration(Record, kw_only=True, frozen=True):
     tiers: tuple[Tier, ...] = ("GPU",)
     endpoints: WorkerEndpoints
     eagle: bool = False
+    # False: the engine publishes no KV events; the index credits it approximately, from the
+    # prompts routed there (predictor.approx).
     has_kv_events: bool = True
+    # False: the engine never reports cached tokens; its outcomes carry None (unknown reuse).
+    reports_cached_tokens: bool = True
     # KV cache capacity in GPU blocks, when the engine tells (vLLM: cache_config_info).
     gpu_blocks: int | None = None
     config_hash: str
@@ -109,6 +117,8 @@ class WorkerRegistration(Record, kw_only=True, frozen=True):
         super().__post_init__()
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.gpu_blocks is not None and self.gpu_blocks < 1:
+            raise ValueError(f"gpu_blocks must be >= 1, got {self.gpu_blocks}")
         if not self.worker_id or not self.model:
             raise ValueError("worker_id and model must be non-empty")
 
@@ -194,6 +204,7 @@ class CandidatePrediction(msgspec.Struct, kw_only=True, frozen=True):
     cached_tier: Tier | None = None
     queue_tokens_ahead: int = 0
     approximate_cache: bool = False
+    cache_source: CacheSource = "events"
 
 
 class Grant(Record, kw_only=True, frozen=True):
@@ -214,6 +225,7 @@ class Grant(Record, kw_only=True, frozen=True):
     cached_tokens: int = 0
     cached_tier: Tier | None = None
     approximate_cache: bool = False
+    cache_source: CacheSource = "events"
     queue_tokens_ahead: int = 0
     fit: FitUsed | None = None
     max_queue_wait_s: float | None = None
@@ -282,6 +294,7 @@ class Graded(Record, kw_only=True, frozen=True):
     actual_ttft_s: float | None = None
     error_s: float | None = None
     credited_cached_tokens: int = 0
+    # None = unknown reuse (the engine did not say); then cache_disagreement is None too.
     engine_cached_tokens: int | None = None
     block_size: int | None = None
     cache_disagreement: bool | None = None
@@ -296,6 +309,7 @@ class Graded(Record, kw_only=True, frozen=True):
     fit_default: bool | None = None
     queue_tokens_ahead: int = 0
     approximate_cache: bool = False
+    cache_source: CacheSource = "events"
 
 
 # --------------------------------------------------------------------------- route service

@@ -426,3 +426,38 @@ def test_command_line_lake_wins_over_the_environment() -> None:
     assert app_settings(["--refresh-s", "2"], env).refresh_s == 2.0
     assert app_settings([], env).refresh_s == 5.0
     assert app_settings([], {}).lake is None
+
+
+def test_approximate_credit_and_unknown_reuse_are_marked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Engines without KV events (issue 9): their rows count as approximate, their unknown
+    reuse stays out of the disagreement, and the breakdown splits by cache source."""
+    records = synthetic_records(400, predictions=True)
+    silent = {"b1", "b2"}  # m-beta's engines publish no events and report no reuse
+    records = [
+        msgspec.structs.replace(r, cache_source="approximate", approximate_cache=True,
+                                engine_cached_tokens=None, cache_disagreement=None)
+        if r.worker_id in silent else r
+        for r in records
+    ]  # fmt: skip
+    lake = tmp_path / "lake"
+    write_lake(records, lake)
+    df = frame(lake)
+    at = run_app(monkeypatch, lake)
+    assert_overview_matches(at, df)  # the disagreement is over the known rows only
+    served_silent = df.filter((pl.col("status") == "served") & pl.col("worker_id").is_in(silent))
+    assert served_silent.height
+    card = next(m for m in at.metric if m.label == "Cache disagreement")
+    n = f"{served_silent.height:,}"
+    assert card.delta is not None and f"{n} approximate, {n} unknown" in card.delta
+    at.segmented_control(key="breakdown_by").set_value("cache source").run()
+    assert not at.exception
+    shown = table_with(at, "cache source", "requests")
+    rows = {r["cache source"]: r for _, r in shown.iterrows()}
+    assert rows["approximate"]["served"] == served_silent.height
+    assert rows["events"]["served"] == df.filter(pl.col("status") == "served").height - (
+        served_silent.height
+    )
+    unknown = rows["approximate"]["disagreement"]
+    assert unknown is None or math.isnan(unknown)  # unknown reuse: no rate, never 0

@@ -137,7 +137,7 @@ def check(row: dict[str, Any], **expected: Any) -> None:
 def test_the_views_are_the_sql_files() -> None:
     assert view_names() == [
         "lake_files", "graded_raw", "graded", "accuracy_by_hour", "by_worker", "by_model",
-        "by_class", "cache_disagreement", "bounds", "false_alarms",
+        "by_class", "cache_disagreement", "cache_sources", "bounds", "false_alarms",
     ]  # fmt: skip
     assert set(metric_names()) >= {"totals", "within_1s", "within_10s", "abs_error_quantiles"}
 
