@@ -12,6 +12,7 @@ and the grades.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import statistics
@@ -33,6 +34,7 @@ from streams.topics import ensure_topics
 RUN_DIR = Path(".run/demo-llama")
 ROUTER_PORT = 8000
 ENGINES = 2
+DEMO = dataclasses.replace(FULL, repeats=1)
 console = Console()
 
 
@@ -48,24 +50,24 @@ def run_llama_demo(settings: Settings, keep: bool = False) -> int:
     stack: LlamaStack | None = None
     try:
         port = None if _busy(ROUTER_PORT) else ROUTER_PORT
-        cfg = LlamaServerConfig(n_ctx=FULL.n_ctx)
+        cfg = LlamaServerConfig(n_ctx=DEMO.n_ctx)
         stack = start_llama_stack(env, RUN_DIR, count=ENGINES, cfg=cfg, router_port=port)
         console.print(f"{ENGINES} llama.cpp engines, worker, ingest, router: up "
                       f"(router {stack.router_url}/v1, model {stack.model})")  # fmt: skip
         rng = random.Random(0)
         console.rule("the engines' own cold curves (sent directly, one at a time)")
-        measured = engine_curve(stack, FULL, rng)
+        measured = engine_curve(stack, DEMO, rng)
         console.rule("cold prompts through the router, one at a time: the fits learn")
-        learned = learn(stack, FULL, rng)
+        learned = learn(stack, DEMO, rng)
         console.print(f"{learned['requests']} requests in {learned['wall_s']} s; "
                       f"learned: {learned['learned']}")  # fmt: skip
         _show_fits(stack, measured)
-        console.rule(f"a mixed stream with queueing: {FULL.mixed_requests} requests")
-        sizes = FULL.mixed_sizes
+        console.rule(f"a mixed stream with queueing: {DEMO.mixed_requests} requests")
+        sizes = DEMO.mixed_sizes
         mean_prefill = statistics.mean(
             statistics.mean(curve_at(m["a"], m["b"], n) for n in sizes) for m in measured.values()
         )
-        mixed = asyncio.run(_mixed_async(stack, FULL, rng, mean_prefill + 0.1))
+        mixed = asyncio.run(_mixed_async(stack, DEMO, rng, mean_prefill + 0.1))
         graded = asyncio.run(read_graded(demo_settings, 60.0, idle_s=8.0))
         _show_accuracy(grade_mixed(graded, mixed["kinds"]), mixed["failed"])
         console.print(f"\nrouter: {stack.router_url}/v1  ·  worker: {stack.worker_url}/v1/fits"
