@@ -294,6 +294,9 @@ def run(quick: bool, engines: int | None = None) -> dict[str, Any]:
                         "credited_cached_tokens": g.credited_cached_tokens,
                         "approximate_cache": g.approximate_cache}  # fmt: skip
         accuracy = grade_mixed(list(graded.values()), mixed.pop("kinds"))
+        step_fits = {w: {k: f[k] for k in ("overhead_s", "per_seq_s", "step_samples",
+                                           "step_default")}
+                     for w, f in stack.fits().items()}  # fmt: skip
     except BaseException:
         if stack is not None:
             print(stack.logs(), file=sys.stderr)
@@ -311,6 +314,7 @@ def run(quick: bool, engines: int | None = None) -> dict[str, Any]:
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         "engine_curve": measured, "learn": learned, "curve": curves,
         "prefix_reuse": reuse, "mixed": {**mixed, "accuracy": accuracy},
+        "step_fits_after": step_fits,
         "target": {"tolerance": f"max({TOLERANCE_REL:.0%}, {TOLERANCE_ABS_S} s)",
                    "share": TARGET_SHARE, "reached": share,
                    "met": share is not None and share >= TARGET_SHARE},
