@@ -130,6 +130,8 @@ def _graded(flight: _Flight, status: Status, model: ModelName, **outcome: Any) -
     """The record of one request; ``outcome`` holds what only a served one has."""
     decision, request = flight.decision, flight.request
     fit = decision.fit
+    # The chosen candidate says where its cache credit came from (predictor policies).
+    chosen = next((c for c in decision.candidates if c.worker_id == decision.worker_id), None)
     return Graded(
         request_id=request.request_id,
         ts=EPOCH_BASE_TS + flight.arrival_s,
@@ -152,6 +154,8 @@ def _graded(flight: _Flight, status: Status, model: ModelName, **outcome: Any) -
         fit_samples=fit.samples if fit else None,
         fit_default=fit.default if fit else None,
         queue_tokens_ahead=decision.queue_tokens_ahead,
+        approximate_cache=chosen.approximate_cache if chosen is not None else False,
+        cache_source=chosen.cache_source if chosen is not None else "events",
         **outcome,
     )
 

@@ -265,6 +265,12 @@ def bench_router(quick: bool = typer.Option(False, help="Short windows, lower ra
     _bench(["router"], quick)
 
 
+@bench_app.command("approx")
+def bench_approx(quick: bool = typer.Option(False, help="300 requests instead of 1,500.")) -> None:
+    """The predictor with an approximate cache view (no KV events) against event-fed credit."""
+    _bench(["approx"], quick)
+
+
 @bench_app.command("real-engine")
 def bench_real_engine(
     quick: bool = typer.Option(False, help="One engine, sizes up to 6k, a short stream."),

@@ -86,6 +86,7 @@ def report(lake_dir: str | Path, **false_alarm_options: Any) -> dict[str, Any]:
                 "fit_rows": estimates["model_fit_rows"],
             },
             "cache_disagreement": rows(con, "SELECT * FROM cache_disagreement")[0],
+            "cache_sources": rows(con, "SELECT * FROM cache_sources"),
             **{key: rows(con, f"SELECT * FROM {view}") for key, view in GROUP_VIEWS.items()},
         }
     finally:
@@ -209,11 +210,27 @@ def _cache_table(summary: Mapping[str, Any]) -> Table:
     return table
 
 
+def _sources_table(summary: Mapping[str, Any]) -> Table:
+    """Per cache source: engines' KV events, or approximate (engines without events)."""
+    table = Table(title="per cache source (reuse unknown: the engine did not say)",
+                  title_justify="left")  # fmt: skip
+    for name in ("source", "served", "reuse known", "reuse unknown", "disagreement", "≤1 s"):
+        table.add_column(name, justify="right")
+    for row in summary.get("cache_sources", []):
+        table.add_row(
+            str(row["cache_source"]), _num(row["served"]), _num(row["reuse_known"]),
+            _num(row["reuse_unknown"]), _pct(row["disagreement_rate"]),
+            f"{_pct(row['within_1s'])} of {_num(row['graded'])}",
+        )  # fmt: skip
+    return table
+
+
 def render(summary: Mapping[str, Any], console: Console) -> None:
     """Print a :func:`report` summary as rich tables."""
     console.print(_headline(summary))
     console.print(_bounds_table(summary))
     console.print(_cache_table(summary))
+    console.print(_sources_table(summary))
     console.print(_accuracy_table("per model", ["model"], summary["by_model"]))
     console.print(_accuracy_table("per worker", ["model", "worker_id"], summary["by_worker"]))
     console.print(_accuracy_table("per workload class", ["workload_class"], summary["by_class"]))

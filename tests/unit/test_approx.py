@@ -5,8 +5,12 @@ them is flagged approximate, from the candidate's prediction to the grant."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+import hypothesis.strategies as st
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from foretoken.ids import ModelName, RequestId, WorkerId
 from predictor.approx import ApproxCacheConfig, cache_source, index_params
@@ -270,3 +274,44 @@ def test_counters_stay_exact_over_many_served_prompts() -> None:
         serve(index, "a", prompt(1, 10 * BLOCK * i), i * 1e-3)
     assert index.totals.stored_blocks == served
     assert index.stats()["workers"]["a"]["blocks"]["GPU"] == served  # type: ignore[index]
+
+
+# --------------------------------------------------------------------------- property
+
+served_prompts = st.lists(
+    st.tuples(st.integers(0, 2), st.integers(0, 4), st.integers(0, 3), st.integers(0, 5)),
+    min_size=1,
+    max_size=25,
+)
+
+
+def family_prompt(family: int, shared: int, extra: int, suffix: int) -> list[int]:
+    """``shared`` blocks of a family's common prefix, then ``extra`` blocks of one suffix."""
+    base = list(range(family * 1000, family * 1000 + shared * BLOCK))
+    tail = list(range(100_000 + suffix * 1000, 100_000 + suffix * 1000 + extra * BLOCK))
+    return base + tail
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=served_prompts, capacity=st.integers(1, 12))
+def test_capacity_lru_matches_a_reference_model(
+    ops: list[tuple[int, int, int, int]], capacity: int
+) -> None:
+    """Without expiry, the approximate view is exactly an LRU of blocks at the capacity,
+    refreshed by each served prompt, a prompt's tail older than its prefix."""
+    index = approx_index(reg("a", gpu_blocks=capacity), config=ApproxCacheConfig(ttl_s=1e9))
+    lru: OrderedDict[int, None] = OrderedDict()
+    prompts = [family_prompt(*op) for op in ops]
+    for t, tokens in enumerate(prompts):
+        owns = index.hash_prompt(MODEL, BLOCK, tokens).tolist()
+        index.observe_served(WorkerId("a"), owns, float(t))
+        for own in reversed(owns):
+            lru[own] = None
+            lru.move_to_end(own)
+        while len(lru) > capacity:
+            lru.popitem(last=False)
+        assert index.stats()["workers"]["a"]["blocks"]["GPU"] == len(lru)  # type: ignore[index]
+        for other in prompts[: t + 1]:
+            hashes = index.hash_prompt(MODEL, BLOCK, other).tolist()
+            expected = next((i for i, h in enumerate(hashes) if h not in lru), len(hashes))
+            assert cached(index, "a", other) == expected * BLOCK

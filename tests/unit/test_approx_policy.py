@@ -56,6 +56,8 @@ def test_follow_ups_get_approximate_credit_equal_to_what_the_engine_reused(
         grant = policy.predictor.decisions[r.request_id].grant
         assert grant.cache_source == "approximate" and grant.approximate_cache
     assert all(r.cache_disagreement is False for r in quiet)
+    # the replay's lake rows say where the credit came from
+    assert all(r.cache_source == "approximate" and r.approximate_cache for r in records)
 
 
 def test_the_registry_builds_it_by_name() -> None:

@@ -165,6 +165,7 @@ def test_the_records_carry_the_prediction_that_grading_needs(
         assert r.prefill_s is not None and r.fit_samples is not None
         assert r.error_s == pytest.approx(r.predicted_ttft_s - (r.actual_ttft_s or 0.0))
         assert r.predicted_ttft_s == pytest.approx(r.queue_wait_s + r.prefill_s)
+        assert r.cache_source == "events" and not r.approximate_cache
 
 
 def test_registrations_carry_reported_fields_only() -> None:

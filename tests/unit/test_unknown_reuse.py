@@ -12,10 +12,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from rich.console import Console
 
 from foretoken.ids import ModelName, RequestId, WorkerId
 from grading.join import GradingJoin, grade
 from grading.lake import write_lake
+from grading.report import render, report
 from grading.summary import summarize
 from grading.views import connect, rows
 from predictor.approx import ApproxCacheConfig, index_params
@@ -246,3 +248,19 @@ def test_cold_sample_selection_with_unknown_reuse() -> None:
     reused = _cold_candidate(engine_cached_tokens=1024)
     assert not select_cold_sample(reused, others_running=False)
     assert prefill_sample_cached(reused, others_running=False) == 1024
+
+
+def test_the_report_splits_by_cache_source(tmp_path: Path) -> None:
+    write_lake([graded(rid, c, e, s, t) for rid, c, e, s, t in GOLDEN], tmp_path)
+    summary = report(tmp_path, draws=20)
+    sources = {r["cache_source"]: r for r in summary["cache_sources"]}
+    assert sources["approximate"]["reuse_unknown"] == 3
+    assert sources["events"]["reuse_known"] == 2
+    console = Console(record=True, width=160)
+    render(summary, console)
+    text = console.export_text()
+    assert "per cache source" in text
+    line = next(ln for ln in text.splitlines() if "approximate" in ln)
+    cells = [c.strip() for c in line.strip().strip("┃│").split("│")]
+    # source, served, reuse known, reuse unknown, disagreement (none known), within 1 s
+    assert cells == ["approximate", "3", "0", "3", "—", "66.7% of 3"]
