@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test unit lint demo bench clean kafka-up kafka-down
+.PHONY: setup llama test unit lint demo bench clean kafka-up kafka-down
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) (Python >= 3.11) is needed"; exit 1; }
@@ -16,8 +16,16 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# llama-cpp-python (the `llama` extra) compiles llama.cpp from PyPI's sdist: built once into
+# ~/.cache/foretoken/wheels (ops/llama_wheel.py), then installed from there.
+llama: setup
+	$(BIN)/python ops/llama_wheel.py
+
 # Unit and integration suites; starts a broker when none answers and stops what it started.
+# A llama-cpp-python build, when needed, starts in the background first; the llama.cpp
+# integration test (run last) waits for it.
 test: setup
+	@$(BIN)/python ops/llama_wheel.py --background
 	@ops/with-kafka.sh $(BIN)/pytest -q -p no:cacheprovider tests
 
 unit: setup
@@ -28,10 +36,13 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy foretoken streams predictor grading dashboards router fleet ops bench tests
 
+# `make demo ENGINES=llama`: real llama.cpp engines instead of the simulated fleet.
+ENGINES ?= sim
 demo: setup
-	$(BIN)/foretoken demo
+	$(if $(filter llama,$(ENGINES)),$(MAKE) llama)
+	$(BIN)/foretoken demo --engines $(ENGINES)
 
-bench: setup
+bench: setup llama
 	@ops/with-kafka.sh $(BIN)/foretoken bench all
 
 kafka-up: setup

@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "predict": "bench.predict_bench",
     "route": "bench.route_bench",
     "approx": "bench.approx_bench",
+    "real-engine": "bench.real_engine_bench",
 }
 OUT_DIR = Path(".run/bench")
 

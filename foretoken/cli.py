@@ -19,6 +19,8 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON on stdout).
 app.add_typer(bench_app, name="bench")
 fleet_app = typer.Typer(no_args_is_help=True, help="The fleet simulator.")
 app.add_typer(fleet_app, name="fleet")
+llama_app = typer.Typer(no_args_is_help=True, help="Real llama.cpp engines (llama-cpp-python).")
+app.add_typer(llama_app, name="llama")
 
 console = Console(stderr=True)
 ConfigOpt = typer.Option(None, "--config", "-c", help="Settings TOML (else $FORETOKEN_CONFIG).")
@@ -275,6 +277,25 @@ def bench_approx(quick: bool = typer.Option(False, help="300 requests instead of
     _bench(["approx"], quick)
 
 
+@bench_app.command("real-engine")
+def bench_real_engine(
+    quick: bool = typer.Option(False, help="One engine, sizes up to 6k, a short stream."),
+) -> None:
+    """Real llama.cpp engines behind the router: learned vs measured curve, predicted vs actual."""
+    _bench(["real-engine"], quick)
+
+
+@llama_app.command(
+    "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def llama_run(ctx: typer.Context) -> None:
+    """Start llama.cpp engines on the generated tiny GGUF and write their engines file
+    (options: --count, --base-port, --n-ctx, --threads, --engines-out, --run-dir)."""
+    from fleet.llama_server import main as llama_main
+
+    raise typer.Exit(llama_main(list(ctx.args)))
+
+
 @app.command()
 def report(
     lake: str = typer.Option(..., help="The grading lake directory."),
@@ -330,8 +351,16 @@ def demo(
     config: str | None = ConfigOpt,
     keep: bool = typer.Option(False, help="Leave the broker and worker running afterwards."),
     dashboard: bool = typer.Option(True, help="Leave the dashboard running on the lake."),
+    engines: str = typer.Option("sim", help="sim: the simulated fleet; llama: real llama.cpp."),
 ) -> None:
     """Broker, worker and a sample of every record: shows the pipeline consuming them."""
+    if engines == "llama":
+        from ops.llama_demo import run_llama_demo
+
+        raise typer.Exit(run_llama_demo(_settings(config), keep=keep))
+    if engines != "sim":
+        console.print(f"[red]error:[/red] --engines must be sim or llama, not {engines!r}")
+        raise typer.Exit(2)
     from ops.demo import run_demo
 
     raise typer.Exit(run_demo(_settings(config), keep=keep, dashboard=dashboard))

@@ -420,11 +420,16 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="text/plain")
 
 
+def _tokenizer_paths(settings: Settings, engines: list[EngineConfig]) -> dict[str, str]:
+    """Model → tokenizer.json: the engines file's, overridden by the settings'."""
+    return {e.model: e.tokenizer for e in engines if e.tokenizer} | settings.router.tokenizers
+
+
 def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application:
     app = web.Application(client_max_size=settings.router.max_body_bytes)
     state = RouterState(settings, {e.worker_id: e for e in engines},
                         Publisher(settings, settings.router.publish_buffer),
-                        tokenizers=Tokenizers(settings.router.tokenizers))  # fmt: skip
+                        tokenizers=Tokenizers(_tokenizer_paths(settings, engines)))  # fmt: skip
     app[STATE] = state
 
     async def on_startup(app: web.Application) -> None:

@@ -25,6 +25,7 @@ class Measured:
     first_token_s: float | None = None  # monotonic time of the first content token
     done_s: float | None = None
     output_tokens: int = 0
+    usage_seen: bool = False  # the engine sent a usage object (else tokens are counted)
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
     status: str = "ok"
@@ -50,6 +51,7 @@ def _note_usage(measured: Measured, chunk: dict[str, Any]) -> None:
     usage = chunk.get("usage")
     if not isinstance(usage, dict):
         return
+    measured.usage_seen = True
     measured.prompt_tokens = usage.get("prompt_tokens")
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -87,6 +89,8 @@ async def forward(
                 event, buffer = buffer.split(b"\n\n", 1)
                 await _on_event(event, measured, client, wants_usage, on_first_token)
     measured.done_s = time.monotonic()
+    if not measured.usage_seen:  # llama-cpp-python streams no usage: one chunk, one token
+        measured.output_tokens = len(measured.texts)
     return measured
 
 

@@ -7,6 +7,7 @@ TOML, one ``[[engines]]`` table each::
     model = "kimi-sim"
     engine = "vllm"            # vllm | sglang | llamacpp
     engine_version = "0.11.0"
+    tokenizer = "/path/tokenizer.json"   # optional: how the router counts this model's tokens
     block_size = 16
     http_url = "http://127.0.0.1:8101"
     kv_events_url = "tcp://127.0.0.1:5557"   # absent (or kv_events = false): no KV events
@@ -20,6 +21,22 @@ TOML, one ``[[engines]]`` table each::
     long_prefill_token_threshold = 0
 
 Each engine becomes a ``WorkerRegistration`` on the ``workers`` topic.
+
+A serial engine (llama.cpp: one request at a time, each prompt prefilled whole) is described
+by its scheduler settings alone — ``max_num_seqs = 1``, ``chunked_prefill = false`` — so the
+queue replay models it like any other engine (see ``fleet/llama_server.py``)::
+
+    [[engines]]
+    worker_id = "llama0"
+    model = "tiny-llama"
+    engine = "llamacpp"
+    http_url = "http://127.0.0.1:8201"
+    kv_events = false
+    reports_cached_tokens = false
+    [engines.scheduler]
+    max_num_batched_tokens = 17408   # the context: a whole prompt fits one step
+    max_num_seqs = 1
+    chunked_prefill = false
 """
 
 from __future__ import annotations
@@ -59,6 +76,8 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     reports_cached_tokens: bool = True
     gpu_blocks: int | None = None
     scheduler: SchedulerSettings = SchedulerSettings()
+    # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
+    tokenizer: str | None = None
 
     def config_hash(self) -> str:
         """Changes whenever anything that shapes the engine's cost does (a fresh fit)."""

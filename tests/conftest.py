@@ -102,3 +102,12 @@ def faust_worker(
     proc, worker = launch_worker(kafka_settings, tmp_path_factory.mktemp("worker"))
     yield worker
     stop(proc)
+
+
+LAST_MODULES = ("test_llama_cpp.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The llama.cpp test runs last: ``make test`` builds llama-cpp-python in the background
+    when it is not cached (minutes), and the other suites overlap that build."""
+    items.sort(key=lambda item: item.path.name in LAST_MODULES)
