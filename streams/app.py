@@ -21,12 +21,14 @@ from foretoken import __version__
 from foretoken.ids import WorkerId
 from foretoken.settings import Settings
 from grading.join import GradingJoin
+from predictor.controls import LatencyControls
 from predictor.service import Predictor
 from streams.consume import INPUT_TOPICS, Dispatcher, Position, reason_kind
 from streams.index_keeper import IndexKeeper
 from streams.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
 from streams.produce import record_key
 from streams.records import (
+    ControlEvent,
     DecodeError,
     Graded,
     Grant,
@@ -52,7 +54,8 @@ class WorkerState:
         self.index = index or IndexKeeper(settings.topic("kv_events"), None)
         self.directory: dict[WorkerId, WorkerRegistration] = {}
         self.join = GradingJoin(block_size_of=self.block_size_of)
-        self.predictor = Predictor(self.index.index)
+        self.controls = LatencyControls(settings.controls)
+        self.predictor = Predictor(self.index.index, controls=self.controls)
         self.dispatcher.on("workers", self.on_worker)
         self.dispatcher.on("workers", self.index.on_worker)
         self.dispatcher.on("kv_events", self.index.on_kv)
@@ -97,6 +100,15 @@ class WorkerState:
         self.predictor.maintain(now)
         return self.join.expire(now)
 
+    def control_events(self) -> list[ControlEvent]:
+        """Evaluate the latency controls now; their stage changes, for the ``controls``
+        topic (and the metrics)."""
+        now = time.time()
+        self.controls.tick(now)
+        events = self.controls.drain()
+        self.metrics.observe_controls(self.controls.snapshot(now), events)
+        return events
+
     def stats(self) -> dict[str, Any]:
         return {
             "version": __version__,
@@ -104,6 +116,7 @@ class WorkerState:
             "consumed": dict(self.dispatcher.counts),
             "dead_lettered": dict(self.dispatcher.dead),
             "index_snapshots": self.index.snapshots,
+            "controls": self.controls.snapshot(time.time()),
         }
 
 
@@ -131,14 +144,24 @@ def create_app(
     )
     outputs = {
         logical: app.topic(settings.topic(logical), key_serializer="raw", value_serializer="raw")
-        for logical in ("dead_letter", "graded")
+        for logical in ("dead_letter", "graded", "controls")
     }
     for logical in INPUT_TOPICS:
         _add_consumer(app, state, logical, outputs)
     _add_pages(app, state)
     _add_snapshots(app, state)
     _add_join_expiry(app, state, outputs)
+    _add_controls(app, state, outputs)
     return app, state
+
+
+def _add_controls(app: faust.App, state: WorkerState, outputs: dict[str, Any]) -> None:
+    @app.timer(interval=state.settings.controls.evaluate_every_s)
+    async def evaluate_controls() -> None:
+        for event in state.control_events():
+            log.warning("controls: %s on %s %s -> %s (%s)", event.workload_class,
+                        event.worker_id, event.from_stage, event.to_stage, event.reason)  # fmt: skip
+            await _emit(outputs, "controls", event, state.settings.wire_format)
 
 
 JOIN_EXPIRY_INTERVAL_S = 5.0
@@ -213,6 +236,13 @@ def _add_pages(app: faust.App, state: WorkerState) -> None:
             except DecodeError as exc:
                 return self.json({"error": exc.reason}, status=400)
             return self.bytes(body, content_type="application/json")
+
+    @app.page("/v1/controls")
+    async def controls(self: View, request: Request) -> Response:
+        now = time.time()
+        body = state.controls.snapshot(now)
+        body["recent"] = [msgspec.to_builtins(e) for e in list(state.controls.history)[-50:]]
+        return self.json(body)
 
     @app.page("/v1/fits")
     async def fits(self: View, request: Request) -> Response:
