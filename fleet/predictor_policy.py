@@ -48,6 +48,7 @@ from fleet.prefix_cache import KvEventDetail, TokenIds
 from fleet.spec import EngineSpec, FleetSpec
 from foretoken.ids import ModelName, RequestId, WorkerId
 from grading.join import DEFAULT_TIMEOUT_S, GradingJoin
+from predictor.controls import LatencyControls
 from predictor.index import PrefixIndex
 from predictor.service import Predictor, PredictorConfig
 from streams.records import (
@@ -133,6 +134,7 @@ class PolicyCounters:
     outcomes: int = 0
     graded: int = 0
     cold_samples: int = 0  # graded records the fits took as prefill samples
+    rerouted: int = 0  # decisions the latency controls moved off the first choice
 
 
 class PredictorPolicy:
@@ -150,10 +152,11 @@ class PredictorPolicy:
         config: PredictorConfig | None = None,
         join_timeout_s: float = DEFAULT_TIMEOUT_S,
         maintain_every_s: float = DEFAULT_MAINTAIN_EVERY_S,
+        controls: LatencyControls | None = None,
     ) -> None:
         base = replace(config or PredictorConfig(), seed=seed)  # the policy's seed wins
         self.index = PrefixIndex()
-        self.predictor = Predictor(self.index, config=base)
+        self.predictor = Predictor(self.index, config=base, controls=controls)
         self.join = GradingJoin(block_size_of=self._block_size_of, timeout_s=join_timeout_s)
         self.counters = PolicyCounters()
         self._maintain_every_s = maintain_every_s
@@ -171,13 +174,15 @@ class PredictorPolicy:
 
     @classmethod
     def for_fleet(
-        cls, fleet: FleetSpec, seed: int = 0, *, config: PredictorConfig | None = None
+        cls, fleet: FleetSpec, seed: int = 0, *, config: PredictorConfig | None = None,
+        controls: LatencyControls | None = None,
     ) -> PredictorPolicy:
         """A policy for a simulated fleet, registered from each engine's reported fields
-        (with GPU blocks, which the generic :class:`FleetView` does not carry)."""
+        (with GPU blocks, which the generic :class:`FleetView` does not carry); with
+        ``controls``, the latency controls run in the replay's virtual time."""
         view = FleetView([WorkerInfo.from_spec(spec) for spec in fleet.engines])
         regs = [registration_from_spec(spec) for spec in fleet.engines]
-        return cls(view, seed, registrations=regs, config=config)
+        return cls(view, seed, registrations=regs, config=config, controls=controls)
 
     # ------------------------------------------------------------------ observations
 
@@ -296,6 +301,7 @@ class PredictorPolicy:
         )
         grant = self.predictor.route(wire, now_s, now_s).grant
         self.counters.decisions += 1
+        self.counters.rerouted += grant.rerouted_from is not None
         self.on_grant(grant, now_s)
         return decision_from_grant(grant)
 

@@ -198,15 +198,24 @@ def replay(
     out: str | None = typer.Option(None, help="Append the graded records to this lake."),
     seed: int = typer.Option(0),
     progress: bool = typer.Option(True),
+    controls: str | None = typer.Option(
+        None, help="on|off: run the latency controls in virtual time (policy predictor)."
+    ),
+    classes: str | None = typer.Option(
+        None, help='Workload class mix, e.g. "interactive:0.3,batch:0.7" (classes: --config).'
+    ),
+    config: str | None = ConfigOpt,
 ) -> None:
     """Replay a trace on a simulated fleet in virtual time; summary as JSON."""
     from fleet.commands import dumps, replay_command
 
+    settings = _settings(config)
     try:
         summary = replay_command(
             trace=trace, fleet=fleet, policy=policy, speedup=speedup,
             capacity_factor=capacity_factor, limit=limit, bounds=bounds, out=out, seed=seed,
-            progress=progress,
+            progress=progress, controls=controls, classes=classes,
+            control_settings=settings.controls,
         )  # fmt: skip
     except (ValueError, KeyError) as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -134,6 +134,9 @@ class ControlSettings(msgspec.Struct, kw_only=True, frozen=True):
     breach_s: float = 10.0
     recovery_s: float = 20.0
     evaluate_every_s: float = 1.0
+    # Reroute and admission need pressure on the worker: at least this many prompt tokens
+    # queued there at some point in the window (or arrivals > first tokens, or timeouts).
+    corroborating_queue_tokens: int = 8192
     # Retry-After of a request turned away by admission control.
     admission_retry_after_s: float = 5.0
     # A protected class sheds its own work only after no best-effort request was admitted

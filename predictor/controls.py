@@ -18,8 +18,8 @@ end): a worker that has stopped answering breaches instead of going silent.
 
 **States** ``ok → warn → reroute → admission`` and back, one stage at a time. A stage is
 entered when the tail has stayed at or above its threshold for ``breach_s``; reroute and
-admission also need a *corroborating signal* of the worker (prompt tokens queued, arrivals
-outpacing first tokens, or timeouts/cancellations in the window), so a tail made by one slow
+admission also need a *corroborating signal* of the worker (a queue of prompt tokens at
+some point in the window, arrivals outpacing first tokens, or timeouts/cancellations), so a tail made by one slow
 prompt on an idle worker only warns. A stage is left when the tail has stayed below
 ``recovery_fraction`` × its threshold for ``recovery_s`` (hysteresis: between the two
 nothing changes). With too few samples in the window the tail is unknown, which counts
@@ -89,6 +89,8 @@ class _WorkerSignals:
     timeouts: deque[float] = field(default_factory=deque)
     cancellations: deque[float] = field(default_factory=deque)
     queue_tokens: int = 0
+    # (time, queued tokens) after each admission: the window's peak depth.
+    depth: deque[tuple[float, int]] = field(default_factory=deque)
     best_effort_admitted_s: float | None = None
 
 
@@ -147,6 +149,7 @@ class LatencyControls:
         sig = self._signals(grant.worker_id)
         sig.arrivals.append(now_s)
         sig.queue_tokens += queued
+        sig.depth.append((now_s, sig.queue_tokens))
         if not klass.protected:
             sig.best_effort_admitted_s = now_s
 
@@ -177,18 +180,23 @@ class LatencyControls:
         since = now_s - self.settings.window_s
         for values in (sig.arrivals, sig.services, sig.timeouts, sig.cancellations):
             _trim(values, since)
+        while sig.depth and sig.depth[0][0] < since:
+            sig.depth.popleft()
         span = self.settings.window_s
         return ControlSignals(
-            queue_tokens=sig.queue_tokens, arrival_rps=len(sig.arrivals) / span,
+            queue_tokens=sig.queue_tokens,
+            peak_queue_tokens=max(max((d for _, d in sig.depth), default=0), sig.queue_tokens),
+            arrival_rps=len(sig.arrivals) / span,
             service_rps=len(sig.services) / span, timeouts=len(sig.timeouts),
             cancellations=len(sig.cancellations),
         )  # fmt: skip
 
-    @staticmethod
-    def corroborated(signals: ControlSignals) -> bool:
-        """Whether the worker itself shows pressure (not one slow prompt on an idle box)."""
+    def corroborated(self, signals: ControlSignals) -> bool:
+        """Whether the worker itself shows pressure (not one slow prompt on an idle box):
+        a queue of at least ``corroborating_queue_tokens`` prompt tokens at some point in
+        the window, arrivals outpacing first tokens, or timeouts/cancellations."""
         return (
-            signals.queue_tokens > 0
+            signals.peak_queue_tokens >= self.settings.corroborating_queue_tokens
             or signals.arrival_rps > signals.service_rps
             or signals.timeouts + signals.cancellations > 0
         )
@@ -365,6 +373,7 @@ class LatencyControls:
 
 
 def _signals_dict(sig: ControlSignals) -> dict[str, float | int]:
-    return {"queue_tokens": sig.queue_tokens, "arrival_rps": round(sig.arrival_rps, 4),
+    return {"queue_tokens": sig.queue_tokens, "peak_queue_tokens": sig.peak_queue_tokens,
+            "arrival_rps": round(sig.arrival_rps, 4),
             "service_rps": round(sig.service_rps, 4), "timeouts": sig.timeouts,
             "cancellations": sig.cancellations}  # fmt: skip

@@ -341,6 +341,7 @@ class ControlSignals(msgspec.Struct, kw_only=True, frozen=True):
     """A worker's corroborating signals over the controls' window."""
 
     queue_tokens: int = 0  # prompt tokens sent there and still waiting for a first token
+    peak_queue_tokens: int = 0  # the most of those at any admission in the window
     arrival_rps: float = 0.0  # admitted requests per second
     service_rps: float = 0.0  # first tokens per second
     timeouts: int = 0

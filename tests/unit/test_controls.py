@@ -69,7 +69,7 @@ class Driver:
         """A request sent and not answered: queued tokens, the corroborating signal."""
         rid = RequestId(f"pending{next(self.ids)}")
         self.c.observe_grant(Grant(request_id=rid, ts=t, model="m", workload_class=klass,
-                                   prompt_tokens=5000, worker_id=worker, admitted=True,
+                                   prompt_tokens=10_000, worker_id=worker, admitted=True,
                                    prefill_s=1e9), t)  # fmt: skip
 
     def run(self, start: float, end: float, queue_of: object, **kw: object) -> None:
@@ -142,7 +142,7 @@ def test_requests_stuck_without_a_first_token_count_as_queue_time() -> None:
     for i in range(5):
         rid = RequestId(f"stuck{i}")
         c.observe_grant(Grant(request_id=rid, ts=0.0, model="m", workload_class="interactive",
-                              prompt_tokens=100, worker_id=W1, admitted=True, prefill_s=0.1),
+                              prompt_tokens=2000, worker_id=W1, admitted=True, prefill_s=0.1),
                         0.0)  # fmt: skip
     for t in range(0, 40):
         d.events += c.tick(float(t))
