@@ -34,8 +34,10 @@ class Stack:
 
 
 def start_stack(settings: Settings, tmp: Path, fleet: str = "small", time_scale: float = 1.0,
-                route_timeout_s: float = 0.25) -> Stack:  # fmt: skip
-    proc, worker = launch_worker(settings, tmp / "worker")
+                route_timeout_s: float = 0.25,
+                extra_env: dict[str, str] | None = None) -> Stack:  # fmt: skip
+    """``extra_env`` reaches the worker, fleet, ingest and router (e.g. FORETOKEN_CONFIG)."""
+    proc, worker = launch_worker(settings, tmp / "worker", **(extra_env or {}))
     stack = Stack(worker=worker, router_url="", engines=[], worker_proc=proc, tmp=tmp)
     try:
         engines_file = tmp / "engines.toml"
