@@ -102,8 +102,9 @@ def load_prompts(source: str, n: int, max_tokens: int, seed: int = 0) -> list[Pr
         from fleet.commands import load_trace
 
         trace = load_trace(source, n)
-        prompts = [Prompt([int(t) for t in r.token_ids], min(r.output_tokens, max_tokens))
-                   for r in trace]  # fmt: skip
+        prompts = [
+            Prompt([int(t) for t in r.token_ids], min(r.output_tokens, max_tokens)) for r in trace
+        ]
     else:
         prompts = [Prompt(text, max_tokens) for text in _dataset_texts(Path(source))]
     if not prompts:
@@ -122,9 +123,10 @@ def _dataset_texts(path: Path) -> list[str]:
     texts: list[str] = []
     lines = path.read_text().splitlines()
     rows: list[Any] = (
-        json.loads(path.read_text()) if path.suffix == ".json" else
-        [json.loads(line) for line in lines if line.strip()]
-    )  # fmt: skip
+        json.loads(path.read_text())
+        if path.suffix == ".json"
+        else [json.loads(line) for line in lines if line.strip()]
+    )
     for number, row in enumerate(rows, 1):
         text = _row_text(row)
         if text is None:
@@ -150,15 +152,19 @@ def _row_text(row: Any) -> str | None:
 # ---------------------------------------------------------------------- one request
 
 
-async def _one(client: openai.AsyncOpenAI, model: str, prompt: Prompt,
-               headers: dict[str, str]) -> Sample:  # fmt: skip
+async def _one(
+    client: openai.AsyncOpenAI, model: str, prompt: Prompt, headers: dict[str, str]
+) -> Sample:
     started = time.perf_counter()
     ttft = None
     try:
         stream = await client.completions.create(
-            model=model, prompt=prompt.prompt, max_tokens=prompt.max_tokens, stream=True,
+            model=model,
+            prompt=prompt.prompt,
+            max_tokens=prompt.max_tokens,
+            stream=True,
             extra_headers={**headers, "x-request-id": uuid.uuid4().hex},
-        )  # fmt: skip
+        )
         async for chunk in stream:
             if ttft is None and chunk.choices and chunk.choices[0].text:
                 ttft = time.perf_counter() - started
@@ -184,9 +190,14 @@ class _InFlight:
         self.now -= 1
 
 
-async def _closed_loop(client: openai.AsyncOpenAI, model: str, prompts: Sequence[Prompt],
-                       concurrency: int, headers: dict[str, str],
-                       flight: _InFlight) -> list[Sample]:  # fmt: skip
+async def _closed_loop(
+    client: openai.AsyncOpenAI,
+    model: str,
+    prompts: Sequence[Prompt],
+    concurrency: int,
+    headers: dict[str, str],
+    flight: _InFlight,
+) -> list[Sample]:
     queue = list(reversed(prompts))
     out: list[Sample] = []
 
@@ -200,9 +211,17 @@ async def _closed_loop(client: openai.AsyncOpenAI, model: str, prompts: Sequence
     return out
 
 
-async def _open_loop(client: openai.AsyncOpenAI, model: str, prompts: Sequence[Prompt],
-                     rate: float, burstiness: float, max_concurrency: int, seed: int,
-                     headers: dict[str, str], flight: _InFlight) -> list[Sample]:  # fmt: skip
+async def _open_loop(
+    client: openai.AsyncOpenAI,
+    model: str,
+    prompts: Sequence[Prompt],
+    rate: float,
+    burstiness: float,
+    max_concurrency: int,
+    seed: int,
+    headers: dict[str, str],
+    flight: _InFlight,
+) -> list[Sample]:
     arrivals = gamma_arrivals(rate, len(prompts), burstiness, seed)
     gate = asyncio.Semaphore(max_concurrency)
     start = time.perf_counter()
@@ -215,48 +234,73 @@ async def _open_loop(client: openai.AsyncOpenAI, model: str, prompts: Sequence[P
             with flight:
                 return await _one(client, model, prompt, headers)
 
-    return list(await asyncio.gather(*(send(float(a), p) for a, p in zip(arrivals, prompts,
-                                                                          strict=True))))  # fmt: skip
+    return list(
+        await asyncio.gather(*(send(float(a), p) for a, p in zip(arrivals, prompts, strict=True)))
+    )
 
 
 # ---------------------------------------------------------------------- steps
 
 
-def summarize(kind: str, value: float, samples: Sequence[Sample], wall_s: float, peak: int,
-              p95_target_s: float, max_429_share: float) -> StepResult:  # fmt: skip
+def summarize(
+    kind: str,
+    value: float,
+    samples: Sequence[Sample],
+    wall_s: float,
+    peak: int,
+    p95_target_s: float,
+    max_429_share: float,
+) -> StepResult:
     ok = [s for s in samples if s.ok and s.ttft_s is not None]
-    r = StepResult(kind=kind, value=value, sent=len(samples), ok=len(ok),
-                   rejected_429=sum(s.status == 429 for s in samples), wall_s=wall_s,
-                   peak_in_flight=peak)  # fmt: skip
+    r = StepResult(
+        kind=kind,
+        value=value,
+        sent=len(samples),
+        ok=len(ok),
+        rejected_429=sum(s.status == 429 for s in samples),
+        wall_s=wall_s,
+        peak_in_flight=peak,
+    )
     r.errors = r.sent - r.ok - r.rejected_429
     if ok:
         tails = np.percentile(np.asarray([s.ttft_s for s in ok], dtype=float), PERCENTILES)
         r.ttft_p50_s, r.ttft_p95_s, r.ttft_p99_s = (float(x) for x in tails)
     r.achieved_rps = r.ok / wall_s if wall_s > 0 else 0.0
     r.meets_target = bool(
-        r.ok and r.ttft_p95_s is not None and r.ttft_p95_s <= p95_target_s
+        r.ok
+        and r.ttft_p95_s is not None
+        and r.ttft_p95_s <= p95_target_s
         and r.rejected_429 <= max_429_share * r.sent
-    )  # fmt: skip
-    r.first_errors = [s.error for s in samples if s.error and s.status != 429][:3]  # type: ignore[misc]
+    )
+    r.first_errors = [s.error for s in samples if s.error and s.status != 429][:3]
     return r
 
 
-def sizing(steps: Sequence[StepResult], peak_concurrency: int | None,
-           peak_rps: float | None) -> dict[str, Any]:  # fmt: skip
+def sizing(
+    steps: Sequence[StepResult], peak_concurrency: int | None, peak_rps: float | None
+) -> dict[str, Any]:
     """Replicas from the highest step that meets the target (None when none does)."""
     meeting = [s for s in steps if s.meets_target]
     if not meeting:
-        return {"best_step": None, "replicas": None, "target_rps_per_replica": None,
-                "note": "no step met the P95 target"}  # fmt: skip
+        return {
+            "best_step": None,
+            "replicas": None,
+            "target_rps_per_replica": None,
+            "note": "no step met the P95 target",
+        }
     best = max(meeting, key=lambda s: (s.concurrency, s.achieved_rps))
     per_replica = max(best.concurrency, 1)
     out: dict[str, Any] = {
-        "best_step": {"kind": best.kind, "value": best.value, "concurrency": per_replica,
-                      "ttft_p95_s": best.ttft_p95_s},
+        "best_step": {
+            "kind": best.kind,
+            "value": best.value,
+            "concurrency": per_replica,
+            "ttft_p95_s": best.ttft_p95_s,
+        },
         "target_rps_per_replica": best.achieved_rps,
         "peak_concurrency": peak_concurrency,
         "replicas": math.ceil(peak_concurrency / per_replica) if peak_concurrency else None,
-    }  # fmt: skip
+    }
     if peak_rps is not None and best.achieved_rps > 0:
         out["peak_rps"] = peak_rps
         out["replicas_by_rate"] = math.ceil(peak_rps / best.achieved_rps)
@@ -304,27 +348,43 @@ async def run_async(cfg: ClientBenchConfig) -> dict[str, Any]:
     steps_in += [("rate", r) for r in cfg.rates]
     prompts = load_prompts(cfg.source, cfg.requests * len(steps_in), cfg.max_tokens, cfg.seed)
     steps: list[StepResult] = []
-    async with openai.AsyncOpenAI(base_url=base, api_key="bench", max_retries=0,
-                                  timeout=cfg.timeout_s) as client:  # fmt: skip
+    async with openai.AsyncOpenAI(
+        base_url=base, api_key="bench", max_retries=0, timeout=cfg.timeout_s
+    ) as client:
         for i, (kind, value) in enumerate(steps_in):
             chunk = prompts[i * cfg.requests : (i + 1) * cfg.requests]
             flight = _InFlight()
             started = time.perf_counter()
             if kind == "concurrency":
-                samples = await _closed_loop(client, cfg.model, chunk, int(value), headers,
-                                             flight)  # fmt: skip
+                samples = await _closed_loop(client, cfg.model, chunk, int(value), headers, flight)
             else:
-                samples = await _open_loop(client, cfg.model, chunk, value, cfg.burstiness,
-                                           cfg.max_concurrency, cfg.seed + i, headers, flight)  # fmt: skip
+                samples = await _open_loop(
+                    client,
+                    cfg.model,
+                    chunk,
+                    value,
+                    cfg.burstiness,
+                    cfg.max_concurrency,
+                    cfg.seed + i,
+                    headers,
+                    flight,
+                )
             wall = time.perf_counter() - started
-            steps.append(summarize(kind, value, samples, wall, flight.peak, cfg.p95_target_s,
-                                   cfg.max_429_share))  # fmt: skip
+            steps.append(
+                summarize(
+                    kind, value, samples, wall, flight.peak, cfg.p95_target_s, cfg.max_429_share
+                )
+            )
     return {
-        "url": cfg.url, "model": cfg.model, "source": cfg.source, "requests_per_step": cfg.requests,
-        "p95_target_s": cfg.p95_target_s, "burstiness": cfg.burstiness,
+        "url": cfg.url,
+        "model": cfg.model,
+        "source": cfg.source,
+        "requests_per_step": cfg.requests,
+        "p95_target_s": cfg.p95_target_s,
+        "burstiness": cfg.burstiness,
         "steps": [asdict(s) for s in steps],
         "sizing": sizing(steps, cfg.peak_concurrency, cfg.peak_rps),
-    }  # fmt: skip
+    }
 
 
 def run_client_bench(cfg: ClientBenchConfig) -> dict[str, Any]:
@@ -337,27 +397,51 @@ def _s(x: float | None) -> str:
 
 def render(report: dict[str, Any], console: Console) -> None:
     table = Table(title=f"client-side TTFT, P95 target {report['p95_target_s']} s")
-    for col in ("step", "sent", "ok", "429", "errors", "p50 s", "p95 s", "p99 s", "ok rps",
-                "in flight", "meets"):  # fmt: skip
+    for col in (
+        "step",
+        "sent",
+        "ok",
+        "429",
+        "errors",
+        "p50 s",
+        "p95 s",
+        "p99 s",
+        "ok rps",
+        "in flight",
+        "meets",
+    ):
         table.add_column(col, justify="right")
     for s in report["steps"]:
         label = f"c={int(s['value'])}" if s["kind"] == "concurrency" else f"{s['value']:g} rps"
-        table.add_row(label, str(s["sent"]), str(s["ok"]), str(s["rejected_429"]),
-                      str(s["errors"]), _s(s["ttft_p50_s"]), _s(s["ttft_p95_s"]),
-                      _s(s["ttft_p99_s"]), f"{s['achieved_rps']:.2f}",
-                      str(s["peak_in_flight"]), "yes" if s["meets_target"] else "no")  # fmt: skip
+        table.add_row(
+            label,
+            str(s["sent"]),
+            str(s["ok"]),
+            str(s["rejected_429"]),
+            str(s["errors"]),
+            _s(s["ttft_p50_s"]),
+            _s(s["ttft_p95_s"]),
+            _s(s["ttft_p99_s"]),
+            f"{s['achieved_rps']:.2f}",
+            str(s["peak_in_flight"]),
+            "yes" if s["meets_target"] else "no",
+        )
     console.print(table)
     size = report["sizing"]
     if size["best_step"] is None:
         console.print(f"sizing: {size['note']}")
         return
     best = size["best_step"]
-    line = (f"sizing: best step {best['kind']} {best['value']:g} (concurrency "
-            f"{best['concurrency']}, P95 {best['ttft_p95_s']:.3f} s); target "
-            f"{size['target_rps_per_replica']:.2f} rps per replica")  # fmt: skip
+    line = (
+        f"sizing: best step {best['kind']} {best['value']:g} (concurrency "
+        f"{best['concurrency']}, P95 {best['ttft_p95_s']:.3f} s); target "
+        f"{size['target_rps_per_replica']:.2f} rps per replica"
+    )
     if size.get("replicas") is not None:
-        line += f"; replicas = ceil({size['peak_concurrency']} / {best['concurrency']}) = " \
-                f"{size['replicas']}"  # fmt: skip
+        line += (
+            f"; replicas = ceil({size['peak_concurrency']} / {best['concurrency']}) = "
+            f"{size['replicas']}"
+        )
     if size.get("replicas_by_rate") is not None:
         line += f"; by rate: {size['replicas_by_rate']}"
     console.print(line)

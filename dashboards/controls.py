@@ -19,10 +19,21 @@ import streamlit as st
 CONTROLS_DIR: Final = "controls"  # fleet.classes.CONTROLS_DIR (no fleet import here)
 STAGE_LEVEL: Final = {"ok": 0, "warn": 1, "reroute": 2, "admission": 3}
 TABLE_COLUMNS: Final = (
-    "time", "workload_class", "worker_id", "from_stage", "to_stage", "reason",
-    "objective_ttft_s", "tail_queue_s", "remaining_budget_s", "signal_peak_queue_tokens",
-    "signal_arrival_rps", "signal_service_rps", "signal_timeouts", "signal_cancellations",
-)  # fmt: skip
+    "time",
+    "workload_class",
+    "worker_id",
+    "from_stage",
+    "to_stage",
+    "reason",
+    "objective_ttft_s",
+    "tail_queue_s",
+    "remaining_budget_s",
+    "signal_peak_queue_tokens",
+    "signal_arrival_rps",
+    "signal_service_rps",
+    "signal_timeouts",
+    "signal_cancellations",
+)
 
 
 def control_events(lake: str | Path) -> pl.DataFrame:
@@ -44,9 +55,15 @@ def stage_chart(events: pl.DataFrame) -> alt.Chart:
         .mark_line(interpolate="step-after", point=True)
         .encode(
             x=alt.X("time:T", title="time (UTC)"),
-            y=alt.Y("level:Q", title="stage", scale=alt.Scale(domain=[0, 3]),
-                    axis=alt.Axis(values=[0, 1, 2, 3], labelExpr=(
-                        "['ok','warn','reroute','admission'][datum.value]"))),  # fmt: skip
+            y=alt.Y(
+                "level:Q",
+                title="stage",
+                scale=alt.Scale(domain=[0, 3]),
+                axis=alt.Axis(
+                    values=[0, 1, 2, 3],
+                    labelExpr=("['ok','warn','reroute','admission'][datum.value]"),
+                ),
+            ),
             color=alt.Color("track:N", title="class @ worker"),
             tooltip=["time:T", "track:N", "to_stage:N", "reason:N"],
         )

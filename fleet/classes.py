@@ -69,8 +69,10 @@ class ClassMix:
     ) -> list[TraceRequest]:
         unknown = [n for n in self.names if n not in controls.classes]
         if unknown:
-            raise ValueError(f"unknown workload class(es) {unknown}; configured: "
-                             f"{sorted(controls.classes)} (classes come from --config)")  # fmt: skip
+            raise ValueError(
+                f"unknown workload class(es) {unknown}; configured: "
+                f"{sorted(controls.classes)} (classes come from --config)"
+            )
         n = len(requests)
         quotas = np.asarray(self.weights) * n
         counts = np.floor(quotas).astype(np.int64)
@@ -98,25 +100,29 @@ def class_summary(records: Sequence[Graded], controls: ControlSettings) -> dict[
         ttft = np.asarray([r.actual_ttft_s for r in served], dtype=np.float64)
         tails = np.percentile(ttft, PERCENTILES).tolist() if len(ttft) else [None] * 3
 
-        def good(r: Graded) -> bool:
-            t = r.actual_ttft_s
-            assert t is not None
-            bound = r.max_queue_wait_s
-            return t <= klass.objective_ttft_s and (bound is None or t <= bound)
-
-        goodput = sum(good(r) for r in served)
+        goodput = sum(_within(r, klass.objective_ttft_s) for r in served)
         out[name] = {
-            "objective_ttft_s": klass.objective_ttft_s, "percentile": klass.percentile,
-            "requests": len(mine), "served": len(served),
+            "objective_ttft_s": klass.objective_ttft_s,
+            "percentile": klass.percentile,
+            "requests": len(mine),
+            "served": len(served),
             "rejected": sum(r.status == "rejected" for r in mine),
-            "ttft_p50_s": tails[0], "ttft_p95_s": tails[1], "ttft_p99_s": tails[2],
+            "ttft_p50_s": tails[0],
+            "ttft_p95_s": tails[1],
+            "ttft_p99_s": tails[2],
             "ttft_at_objective_percentile_s": (
                 float(np.percentile(ttft, klass.percentile)) if len(ttft) else None
             ),
             "goodput": goodput,
             "goodput_fraction": goodput / len(mine) if mine else None,
-        }  # fmt: skip
+        }
     return out
+
+
+def _within(record: Graded, objective_s: float) -> bool:
+    """Served within the class's objective and within the request's bound (if any)."""
+    t, bound = record.actual_ttft_s, record.max_queue_wait_s
+    return t is not None and t <= objective_s and (bound is None or t <= bound)
 
 
 def control_events_frame(events: Sequence[ControlEvent]) -> pl.DataFrame:

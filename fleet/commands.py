@@ -11,6 +11,7 @@ import fleet.predictor_policy  # noqa: F401  (registers the "predictor" policy)
 from fleet.classes import ClassMix, class_summary, write_control_events
 from fleet.load import run_load, write_results_parquet
 from fleet.policy import make_policy
+from fleet.predictor_policy import PredictorPolicy
 from fleet.replay import (
     TRACE_LOADERS,
     FleetLedger,
@@ -18,11 +19,10 @@ from fleet.replay import (
     replay,
     write_lake,
 )
-from fleet.predictor_policy import PredictorPolicy
 from fleet.spec import load_fleet
+from fleet.traces import BoundMix, TraceRequest, load_azure, load_mooncake
 from foretoken.settings import ControlSettings
 from predictor.controls import LatencyControls
-from fleet.traces import BoundMix, TraceRequest, load_azure, load_mooncake
 
 TRACE_HELP = ", ".join(TRACE_LOADERS)
 

@@ -174,7 +174,11 @@ class PredictorPolicy:
 
     @classmethod
     def for_fleet(
-        cls, fleet: FleetSpec, seed: int = 0, *, config: PredictorConfig | None = None,
+        cls,
+        fleet: FleetSpec,
+        seed: int = 0,
+        *,
+        config: PredictorConfig | None = None,
         controls: LatencyControls | None = None,
     ) -> PredictorPolicy:
         """A policy for a simulated fleet, registered from each engine's reported fields

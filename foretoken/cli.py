@@ -290,8 +290,9 @@ def bench_client(
     burstiness: float = typer.Option(1.0, help="Gamma shape of arrival gaps (<1 bursty)."),
     max_concurrency: int = typer.Option(256, help="Most in flight in a rate step."),
     requests: int = typer.Option(50, help="Requests per step."),
-    prompts: str = typer.Option("azure-code", help="azure-code, azure-conv, mooncake, or a "
-                                ".jsonl/.json/.txt dataset file."),  # fmt: skip
+    prompts: str = typer.Option(
+        "azure-code", help="azure-code, azure-conv, mooncake, or a .jsonl/.json/.txt dataset."
+    ),
     max_tokens: int = typer.Option(16, help="Output tokens per request (at most)."),
     p95_target_s: float = typer.Option(2.0, help="P95 TTFT a step must meet."),
     max_429_share: float = typer.Option(0.05, help="Most 429s (share of sent) a step may have."),

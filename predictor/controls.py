@@ -19,11 +19,12 @@ end): a worker that has stopped answering breaches instead of going silent.
 **States** ``ok → warn → reroute → admission`` and back, one stage at a time. A stage is
 entered when the tail has stayed at or above its threshold for ``breach_s``; reroute and
 admission also need a *corroborating signal* of the worker (a queue of prompt tokens at
-some point in the window, arrivals outpacing first tokens, or timeouts/cancellations), so a tail made by one slow
-prompt on an idle worker only warns. A stage is left when the tail has stayed below
-``recovery_fraction`` × its threshold for ``recovery_s`` (hysteresis: between the two
-nothing changes). With too few samples in the window the tail is unknown, which counts
-as calm (traffic moved away: the worker gets tried again after the window drains).
+some point in the window, arrivals outpacing first tokens, or timeouts/cancellations), so
+a tail made by one slow prompt on an idle worker only warns. A stage is left when the tail
+has stayed below ``recovery_fraction`` × its threshold for ``recovery_s`` (hysteresis:
+between the two nothing changes). With too few samples in the window the tail is unknown,
+which counts as calm (traffic moved away: the worker gets tried again after the window
+drains).
 
 **Actions**, consulted by :class:`predictor.service.Predictor`:
 
@@ -32,7 +33,8 @@ as calm (traffic moved away: the worker gets tried again after the window drains
   latency within the class's budget) — and stays put when none exists;
 * ``sheds(class, worker)``: admission control. When some class ``b`` is at admission on a
   worker, best-effort (unprotected) classes of priority ≤ ``b``'s are rejected there (every
-  best-effort class, when ``b`` is protected); a protected class is rejected only when it is itself at admission and no best-effort
+  best-effort class, when ``b`` is protected); a protected class is rejected only when it
+  is itself at admission and no best-effort
   request has been admitted on that worker for ``best_effort_quiet_s`` (best-effort work
   goes first, always).
 
@@ -187,9 +189,10 @@ class LatencyControls:
             queue_tokens=sig.queue_tokens,
             peak_queue_tokens=max(max((d for _, d in sig.depth), default=0), sig.queue_tokens),
             arrival_rps=len(sig.arrivals) / span,
-            service_rps=len(sig.services) / span, timeouts=len(sig.timeouts),
+            service_rps=len(sig.services) / span,
+            timeouts=len(sig.timeouts),
             cancellations=len(sig.cancellations),
-        )  # fmt: skip
+        )
 
     def corroborated(self, signals: ControlSignals) -> bool:
         """Whether the worker itself shows pressure (not one slow prompt on an idle box):
@@ -240,9 +243,14 @@ class LatencyControls:
         return changes
 
     def _step(
-        self, name: str, klass: WorkloadClass, worker: WorkerId, track: _Track,
-        sig: ControlSignals, now_s: float,
-    ) -> ControlEvent | None:  # fmt: skip
+        self,
+        name: str,
+        klass: WorkloadClass,
+        worker: WorkerId,
+        track: _Track,
+        sig: ControlSignals,
+        now_s: float,
+    ) -> ControlEvent | None:
         s = self.settings
         thr = self.thresholds(klass)
         tail = track.tail_s
@@ -257,8 +265,17 @@ class LatencyControls:
                 track.breach_since = now_s
             if now_s - track.breach_since >= s.breach_s:
                 track.breach_since = None
-                return self._change(name, klass, worker, track, stage + 1, thr[stage], sig, now_s,
-                                    f"tail {tail:.2f}s >= {thr[stage]:.2f}s for {s.breach_s:g}s")  # fmt: skip
+                return self._change(
+                    name,
+                    klass,
+                    worker,
+                    track,
+                    stage + 1,
+                    thr[stage],
+                    sig,
+                    now_s,
+                    f"tail {tail:.2f}s >= {thr[stage]:.2f}s for {s.breach_s:g}s",
+                )
             return None
         track.breach_since = None
         if stage > OK:
@@ -269,28 +286,52 @@ class LatencyControls:
                 if now_s - track.calm_since >= s.recovery_s:
                     track.calm_since = None
                     why = "too few samples" if tail is None else f"tail {tail:.2f}s"
-                    return self._change(name, klass, worker, track, stage - 1, recover_below,
-                                        sig, now_s, f"{why} < {recover_below:.2f}s for "
-                                        f"{s.recovery_s:g}s")  # fmt: skip
+                    return self._change(
+                        name,
+                        klass,
+                        worker,
+                        track,
+                        stage - 1,
+                        recover_below,
+                        sig,
+                        now_s,
+                        f"{why} < {recover_below:.2f}s for {s.recovery_s:g}s",
+                    )
                 return None
         track.calm_since = None
         return None
 
     def _change(
-        self, name: str, klass: WorkloadClass, worker: WorkerId, track: _Track, to: int,
-        threshold_s: float, sig: ControlSignals, now_s: float, reason: str,
-    ) -> ControlEvent:  # fmt: skip
+        self,
+        name: str,
+        klass: WorkloadClass,
+        worker: WorkerId,
+        track: _Track,
+        to: int,
+        threshold_s: float,
+        sig: ControlSignals,
+        now_s: float,
+        reason: str,
+    ) -> ControlEvent:
         before = track.stage
         track.stage = to
         tail = track.tail_s
         return ControlEvent(
-            ts=now_s, workload_class=name, worker_id=worker, from_stage=STAGES[before],
-            to_stage=STAGES[to], reason=reason, objective_ttft_s=klass.objective_ttft_s,
-            percentile=klass.percentile, queue_budget_s=klass.queue_budget_s,
+            ts=now_s,
+            workload_class=name,
+            worker_id=worker,
+            from_stage=STAGES[before],
+            to_stage=STAGES[to],
+            reason=reason,
+            objective_ttft_s=klass.objective_ttft_s,
+            percentile=klass.percentile,
+            queue_budget_s=klass.queue_budget_s,
             tail_queue_s=tail,
             remaining_budget_s=None if tail is None else klass.queue_budget_s - tail,
-            threshold_s=threshold_s, samples=track.count, signals=sig,
-        )  # fmt: skip
+            threshold_s=threshold_s,
+            samples=track.count,
+            signals=sig,
+        )
 
     def _resolve(self, rid: RequestId) -> _Pending:
         pending = self.pending.pop(rid)
@@ -356,24 +397,42 @@ class LatencyControls:
         for name, klass in self.settings.classes.items():
             warn, reroute, admission = self.thresholds(klass)
             classes[name] = {
-                "objective_ttft_s": klass.objective_ttft_s, "percentile": klass.percentile,
-                "queue_budget_s": klass.queue_budget_s, "priority": klass.priority,
-                "protected": klass.protected, "max_queue_wait_s": klass.max_queue_wait_s,
+                "objective_ttft_s": klass.objective_ttft_s,
+                "percentile": klass.percentile,
+                "queue_budget_s": klass.queue_budget_s,
+                "priority": klass.priority,
+                "protected": klass.protected,
+                "max_queue_wait_s": klass.max_queue_wait_s,
                 "thresholds_s": {"warn": warn, "reroute": reroute, "admission": admission},
-            }  # fmt: skip
+            }
         tracks = [
-            {"workload_class": name, "worker_id": worker, "stage": STAGES[t.stage],
-             "tail_queue_s": t.tail_s, "samples": t.count}
+            {
+                "workload_class": name,
+                "worker_id": worker,
+                "stage": STAGES[t.stage],
+                "tail_queue_s": t.tail_s,
+                "samples": t.count,
+            }
             for (name, worker), t in sorted(self.tracks.items())
-        ]  # fmt: skip
+        ]
         workers = {w: _signals_dict(self.signals(w, now_s)) for w in sorted(self.workers)}
-        return {"enabled": self.settings.enabled, "default_class": self.settings.default_class,
-                "classes": classes, "tracks": tracks, "signals": workers,
-                "transitions": self.transitions, "pending": len(self.pending)}  # fmt: skip
+        return {
+            "enabled": self.settings.enabled,
+            "default_class": self.settings.default_class,
+            "classes": classes,
+            "tracks": tracks,
+            "signals": workers,
+            "transitions": self.transitions,
+            "pending": len(self.pending),
+        }
 
 
 def _signals_dict(sig: ControlSignals) -> dict[str, float | int]:
-    return {"queue_tokens": sig.queue_tokens, "peak_queue_tokens": sig.peak_queue_tokens,
-            "arrival_rps": round(sig.arrival_rps, 4),
-            "service_rps": round(sig.service_rps, 4), "timeouts": sig.timeouts,
-            "cancellations": sig.cancellations}  # fmt: skip
+    return {
+        "queue_tokens": sig.queue_tokens,
+        "peak_queue_tokens": sig.peak_queue_tokens,
+        "arrival_rps": round(sig.arrival_rps, 4),
+        "service_rps": round(sig.service_rps, 4),
+        "timeouts": sig.timeouts,
+        "cancellations": sig.cancellations,
+    }

@@ -159,8 +159,10 @@ def _add_controls(app: faust.App, state: WorkerState, outputs: dict[str, Any]) -
     @app.timer(interval=state.settings.controls.evaluate_every_s)
     async def evaluate_controls() -> None:
         for event in state.control_events():
-            log.warning("controls: %s on %s %s -> %s (%s)", event.workload_class,
-                        event.worker_id, event.from_stage, event.to_stage, event.reason)  # fmt: skip
+            log.warning(
+                "controls: %s on %s %s -> %s (%s)", event.workload_class, event.worker_id,
+                event.from_stage, event.to_stage, event.reason,
+            )  # fmt: skip
             await _emit(outputs, "controls", event, state.settings.wire_format)
 
 

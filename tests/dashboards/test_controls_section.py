@@ -18,11 +18,21 @@ STAGES = ("ok", "warn", "reroute", "admission")
 
 def _event(ts: float, frm: str, to: str, worker: str = "w0") -> ControlEvent:
     return ControlEvent(
-        ts=ts, workload_class="interactive", worker_id=WorkerId(worker), from_stage=frm,  # type: ignore[arg-type]
-        to_stage=to, reason=f"{frm}->{to} because", objective_ttft_s=2.0, percentile=95.0,  # type: ignore[arg-type]
-        queue_budget_s=1.25, tail_queue_s=3.0, remaining_budget_s=-1.75, threshold_s=1.0,
-        samples=40, signals=ControlSignals(queue_tokens=9000, peak_queue_tokens=20000),
-    )  # fmt: skip
+        ts=ts,
+        workload_class="interactive",
+        worker_id=WorkerId(worker),
+        from_stage=frm,  # type: ignore[arg-type]
+        to_stage=to,
+        reason=f"{frm}->{to} because",
+        objective_ttft_s=2.0,
+        percentile=95.0,  # type: ignore[arg-type]
+        queue_budget_s=1.25,
+        tail_queue_s=3.0,
+        remaining_budget_s=-1.75,
+        threshold_s=1.0,
+        samples=40,
+        signals=ControlSignals(queue_tokens=9000, peak_queue_tokens=20000),
+    )
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, lake: Path) -> AppTest:

@@ -63,15 +63,30 @@ def stack(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory) ->
     config = tmp / "classes.toml"
     config.write_text(CONFIG)
     # Engines four times slower than their hidden truth: queueing piles up within a burst.
-    s = start_stack(kafka_settings, tmp, time_scale=4.0, route_timeout_s=3.0,
-                    extra_env={"FORETOKEN_CONFIG": str(config)})  # fmt: skip
+    s = start_stack(
+        kafka_settings,
+        tmp,
+        time_scale=4.0,
+        route_timeout_s=3.0,
+        extra_env={"FORETOKEN_CONFIG": str(config)},
+    )
     yield s
     s.stop_all()
 
 
 def _bench(stack: Stack, tmp: Path, *args: str) -> tuple[dict[str, object], str]:
-    cmd = [sys.executable, "-m", "foretoken.cli", "bench", "client", "--url", stack.router_url,
-           "--model", MODEL, *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "foretoken.cli",
+        "bench",
+        "client",
+        "--url",
+        stack.router_url,
+        "--model",
+        MODEL,
+        *args,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), done.stderr
@@ -79,12 +94,27 @@ def _bench(stack: Stack, tmp: Path, *args: str) -> tuple[dict[str, object], str]
 
 def test_bench_client_prints_steps_and_sizing(stack: Stack, tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(f"write a function number {i} that adds two numbers"
-                                 for i in range(20)))  # fmt: skip
-    report, table = _bench(stack, tmp_path, "--concurrency", "1,3", "--requests", "6",
-                           "--prompts", str(prompts), "--max-tokens", "2",
-                           "--p95-target-s", "60", "--peak-concurrency", "10",
-                           "--workload-class", "batch")  # fmt: skip
+    prompts.write_text(
+        "\n".join(f"write a function number {i} that adds two numbers" for i in range(20))
+    )
+    report, table = _bench(
+        stack,
+        tmp_path,
+        "--concurrency",
+        "1,3",
+        "--requests",
+        "6",
+        "--prompts",
+        str(prompts),
+        "--max-tokens",
+        "2",
+        "--p95-target-s",
+        "60",
+        "--peak-concurrency",
+        "10",
+        "--workload-class",
+        "batch",
+    )
     steps = report["steps"]
     assert isinstance(steps, list) and [s["value"] for s in steps] == [1.0, 3.0]
     for step in steps:
@@ -105,15 +135,18 @@ def test_bench_client_prints_steps_and_sizing(stack: Stack, tmp_path: Path) -> N
 def test_an_unknown_workload_class_is_a_clear_400(stack: Stack) -> None:
     client = openai.OpenAI(base_url=stack.router_url + "/v1", api_key="k", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="unknown workload class"):
-        client.completions.create(model=MODEL, prompt="hi", max_tokens=1,
-                                  extra_headers={"x-workload-class": "nope"})  # fmt: skip
+        client.completions.create(
+            model=MODEL, prompt="hi", max_tokens=1, extra_headers={"x-workload-class": "nope"}
+        )
 
 
 async def _control_events(settings: Settings, timeout_s: float) -> list[ControlEvent]:
     consumer = AIOKafkaConsumer(
-        settings.topic("controls"), bootstrap_servers=settings.kafka.bootstrap_servers,
-        auto_offset_reset="earliest", group_id=f"t-{uuid.uuid4().hex[:6]}",
-    )  # fmt: skip
+        settings.topic("controls"),
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        group_id=f"t-{uuid.uuid4().hex[:6]}",
+    )
     await consumer.start()
     events: list[ControlEvent] = []
     try:
@@ -131,9 +164,22 @@ def test_a_queue_time_breach_is_a_control_event_on_the_controls_topic(
 ) -> None:
     # 24 long prompts at once on three slow engines: the last ones queue for seconds,
     # far past the interactive class's 0.8 s queue budget (warn at 0.4 s).
-    report, _ = _bench(stack, tmp_path, "--concurrency", "24", "--requests", "24",
-                       "--prompts", "azure-code", "--max-tokens", "2",
-                       "--p95-target-s", "1", "--workload-class", "interactive")  # fmt: skip
+    report, _ = _bench(
+        stack,
+        tmp_path,
+        "--concurrency",
+        "24",
+        "--requests",
+        "24",
+        "--prompts",
+        "azure-code",
+        "--max-tokens",
+        "2",
+        "--p95-target-s",
+        "1",
+        "--workload-class",
+        "interactive",
+    )
     assert report["steps"][0]["ok"] > 0  # type: ignore[index]
     events = asyncio.run(_control_events(stack.worker.settings, 90.0))
     assert events, "no control event on the controls topic"
@@ -152,6 +198,7 @@ def test_a_queue_time_breach_is_a_control_event_on_the_controls_topic(
     with urllib.request.urlopen(f"{stack.worker.url}/metrics") as r:
         metrics = r.read().decode()
     stage_lines = [ln for ln in metrics.splitlines() if ln.startswith("foretoken_control_stage{")]
-    assert any('workload_class="interactive"' in ln and not ln.endswith(" 0.0")
-               for ln in stage_lines), stage_lines  # fmt: skip
+    assert any(
+        'workload_class="interactive"' in ln and not ln.endswith(" 0.0") for ln in stage_lines
+    ), stage_lines
     assert "foretoken_control_transitions_total" in metrics

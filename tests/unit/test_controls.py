@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foretoken.ids import RequestId, WorkerId
-from foretoken.settings import ControlSettings, WorkloadClass, load_settings, SettingsError
+from foretoken.settings import ControlSettings, SettingsError, WorkloadClass, load_settings
 from predictor.controls import LatencyControls
 from predictor.index import PrefixIndex
 from predictor.service import Predictor, PredictorConfig
@@ -37,9 +37,13 @@ def _settings(**kw: object) -> ControlSettings:
     base: dict[str, object] = {
         "default_class": "interactive",
         "classes": {"interactive": INTERACTIVE, "batch": BATCH},
-        "window_s": 10.0, "min_samples": 3, "breach_s": 5.0, "recovery_s": 8.0,
-        "evaluate_every_s": 1.0, "best_effort_quiet_s": 10.0,
-    }  # fmt: skip
+        "window_s": 10.0,
+        "min_samples": 3,
+        "breach_s": 5.0,
+        "recovery_s": 8.0,
+        "evaluate_every_s": 1.0,
+        "best_effort_quiet_s": 10.0,
+    }
     base.update(kw)
     return ControlSettings(**base)  # type: ignore[arg-type]
 
@@ -55,22 +59,50 @@ class Driver:
         self.ids = _IDS  # request ids unique across drivers of one controller
         self.events: list[ControlEvent] = []
 
-    def request(self, t: float, queue_s: float, klass: str = "interactive",
-                worker: WorkerId = W0, prefill_s: float = 0.5) -> None:  # fmt: skip
+    def request(
+        self,
+        t: float,
+        queue_s: float,
+        klass: str = "interactive",
+        worker: WorkerId = W0,
+        prefill_s: float = 0.5,
+    ) -> None:
         rid = RequestId(f"r{next(self.ids)}")
-        self.c.observe_grant(Grant(request_id=rid, ts=t, model="m", workload_class=klass,
-                                   prompt_tokens=1000, worker_id=worker, admitted=True,
-                                   prefill_s=prefill_s), t)  # fmt: skip
+        self.c.observe_grant(
+            Grant(
+                request_id=rid,
+                ts=t,
+                model="m",
+                workload_class=klass,
+                prompt_tokens=1000,
+                worker_id=worker,
+                admitted=True,
+                prefill_s=prefill_s,
+            ),
+            t,
+        )
         ttft = queue_s + prefill_s
-        self.c.observe_outcome(Outcome(request_id=rid, ts=t, kind="first_token",
-                                       worker_id=worker, actual_ttft_s=ttft), t)  # fmt: skip
+        self.c.observe_outcome(
+            Outcome(request_id=rid, ts=t, kind="first_token", worker_id=worker, actual_ttft_s=ttft),
+            t,
+        )
 
     def backlog(self, t: float, klass: str = "interactive", worker: WorkerId = W0) -> None:
         """A request sent and not answered: queued tokens, the corroborating signal."""
         rid = RequestId(f"pending{next(self.ids)}")
-        self.c.observe_grant(Grant(request_id=rid, ts=t, model="m", workload_class=klass,
-                                   prompt_tokens=10_000, worker_id=worker, admitted=True,
-                                   prefill_s=1e9), t)  # fmt: skip
+        self.c.observe_grant(
+            Grant(
+                request_id=rid,
+                ts=t,
+                model="m",
+                workload_class=klass,
+                prompt_tokens=10_000,
+                worker_id=worker,
+                admitted=True,
+                prefill_s=1e9,
+            ),
+            t,
+        )
 
     def run(self, start: float, end: float, queue_of: object, **kw: object) -> None:
         t = start
@@ -141,9 +173,19 @@ def test_requests_stuck_without_a_first_token_count_as_queue_time() -> None:
     d = Driver(c)
     for i in range(5):
         rid = RequestId(f"stuck{i}")
-        c.observe_grant(Grant(request_id=rid, ts=0.0, model="m", workload_class="interactive",
-                              prompt_tokens=2000, worker_id=W1, admitted=True, prefill_s=0.1),
-                        0.0)  # fmt: skip
+        c.observe_grant(
+            Grant(
+                request_id=rid,
+                ts=0.0,
+                model="m",
+                workload_class="interactive",
+                prompt_tokens=2000,
+                worker_id=W1,
+                admitted=True,
+                prefill_s=0.1,
+            ),
+            0.0,
+        )
     for t in range(0, 40):
         d.events += c.tick(float(t))
     assert [e.to_stage for e in d.events][:3] == ["warn", "reroute", "admission"]
@@ -160,9 +202,12 @@ def test_controls_off_never_acts() -> None:
 
 
 def _at_admission(
-    c: LatencyControls, klass: str, worker: WorkerId, start: float = 0.0,
+    c: LatencyControls,
+    klass: str,
+    worker: WorkerId,
+    start: float = 0.0,
     also: tuple[WorkerId, ...] = (),
-) -> float:  # fmt: skip
+) -> float:
     """Drive (klass, worker) — and (klass, each of ``also``) at the same time — to admission
     through observations; returns the clock after."""
     d = Driver(c)
@@ -181,8 +226,18 @@ def _at_admission(
 def test_best_effort_is_shed_before_a_protected_class() -> None:
     c = LatencyControls(_settings())
     _at_admission(c, "interactive", W0)
-    c.observe_grant(Grant(request_id=RequestId("be"), ts=40.0, model="m", workload_class="batch",
-                          prompt_tokens=10, worker_id=W0, admitted=True), 40.0)  # fmt: skip
+    c.observe_grant(
+        Grant(
+            request_id=RequestId("be"),
+            ts=40.0,
+            model="m",
+            workload_class="batch",
+            prompt_tokens=10,
+            worker_id=W0,
+            admitted=True,
+        ),
+        40.0,
+    )
     assert c.sheds("batch", W0, 41.0)
     assert not c.sheds("interactive", W0, 41.0)  # best-effort still being admitted there
     assert c.sheds("interactive", W0, 51.0)  # quiet for best_effort_quiet_s: now itself
@@ -208,8 +263,12 @@ names = st.sampled_from(["a", "b", "c", "d"])
 def test_protected_classes_are_never_rejected_before_best_effort_ones(
     spec: dict[str, tuple[int, bool]], breaching: set[str], quiet: bool
 ) -> None:
-    classes = {n: WorkloadClass(objective_ttft_s=5.0, non_queue_latency_s=1.0, margin_s=0.0,
-                                priority=p, protected=prot) for n, (p, prot) in spec.items()}  # fmt: skip
+    classes = {
+        n: WorkloadClass(
+            objective_ttft_s=5.0, non_queue_latency_s=1.0, margin_s=0.0, priority=p, protected=prot
+        )
+        for n, (p, prot) in spec.items()
+    }
     default = sorted(classes)[0]
     c = LatencyControls(_settings(classes=classes, default_class=default))
     clock = 0.0
@@ -232,10 +291,16 @@ BLOCK = 16
 
 def _reg(wid: str) -> WorkerRegistration:
     return WorkerRegistration(
-        worker_id=wid, model="m", engine="vllm", engine_version="x", block_size=BLOCK,
+        worker_id=wid,
+        model="m",
+        engine="vllm",
+        engine_version="x",
+        block_size=BLOCK,
         scheduler=SchedulerSettings(max_num_batched_tokens=2048, max_num_seqs=8),
-        endpoints=WorkerEndpoints(http_url=f"http://{wid}"), config_hash="c", ts=0.0,
-    )  # fmt: skip
+        endpoints=WorkerEndpoints(http_url=f"http://{wid}"),
+        config_hash="c",
+        ts=0.0,
+    )
 
 
 def _predictor(controls: LatencyControls, n: int = 3) -> Predictor:
@@ -249,8 +314,12 @@ def _predictor(controls: LatencyControls, n: int = 3) -> Predictor:
 
 
 def _route(p: Predictor, rid: str, t: float, klass: str = "interactive", n: int = 256) -> Grant:
-    req = RouteRequest(request_id=RequestId(rid), model="m", token_ids=tuple(range(n)),  # type: ignore[arg-type]
-                       workload_class=klass)  # fmt: skip
+    req = RouteRequest(
+        request_id=RequestId(rid),
+        model="m",
+        token_ids=tuple(range(n)),  # type: ignore[arg-type]
+        workload_class=klass,
+    )
     return p.route(req, t, t).grant
 
 
@@ -298,8 +367,8 @@ def test_settings_classes_from_toml(tmp_path: object) -> None:
     path = Path(str(tmp_path)) / "s.toml"
     path.write_text(
         '[controls]\ndefault_class = "chat"\n'
-        '[controls.classes.chat]\nobjective_ttft_s = 3\nnon_queue_latency_s = 1\n'
-        'margin_s = 0.5\npriority = 5\nprotected = true\nmax_queue_wait_s = 10\n'
+        "[controls.classes.chat]\nobjective_ttft_s = 3\nnon_queue_latency_s = 1\n"
+        "margin_s = 0.5\npriority = 5\nprotected = true\nmax_queue_wait_s = 10\n"
     )
     s = load_settings(path, env={})
     name, chat = s.controls.workload_class(None)
