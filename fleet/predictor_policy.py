@@ -281,6 +281,9 @@ class PredictorPolicy:
                 self.counters.cold_samples += 1
 
     def _maintain(self, t_s: float) -> None:
+        controls = self.predictor.controls
+        if controls is not None:  # the worker's controls timer (self-throttled)
+            controls.tick(t_s)
         if t_s < self._next_maintain_s:
             return
         self._next_maintain_s = t_s + self._maintain_every_s

@@ -96,7 +96,7 @@ class WorkloadClass(msgspec.Struct, kw_only=True, frozen=True):
     max_queue_wait_s: float | None = None
     # Higher = more important; admission control rejects lower priorities first.
     priority: int = 0
-    # Protected classes are never rejected by admission control before best-effort ones.
+    # Protected classes are never rejected by the admission control of the latency controls.
     protected: bool = False
 
     def __post_init__(self) -> None:
@@ -139,9 +139,6 @@ class ControlSettings(msgspec.Struct, kw_only=True, frozen=True):
     corroborating_queue_tokens: int = 8192
     # Retry-After of a request turned away by admission control.
     admission_retry_after_s: float = 5.0
-    # A protected class sheds its own work only after no best-effort request was admitted
-    # on that worker for this long.
-    best_effort_quiet_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.default_class not in self.classes:

@@ -33,10 +33,9 @@ drains).
   latency within the class's budget) — and stays put when none exists;
 * ``sheds(class, worker)``: admission control. When some class ``b`` is at admission on a
   worker, best-effort (unprotected) classes of priority ≤ ``b``'s are rejected there (every
-  best-effort class, when ``b`` is protected); a protected class is rejected only when it
-  is itself at admission and no best-effort
-  request has been admitted on that worker for ``best_effort_quiet_s`` (best-effort work
-  goes first, always).
+  best-effort class, when ``b`` is protected). Protected classes are kept: the controls
+  never reject them (the predictor's own bound still applies), so they are never rejected
+  before best-effort ones.
 
 Every stage change is a :class:`~streams.records.ControlEvent` with the objective, the
 remaining budget, the tail and the signals; :meth:`LatencyControls.drain` hands them to the
@@ -93,7 +92,6 @@ class _WorkerSignals:
     queue_tokens: int = 0
     # (time, queued tokens) after each admission: the window's peak depth.
     depth: deque[tuple[float, int]] = field(default_factory=deque)
-    best_effort_admitted_s: float | None = None
 
 
 def _trim(values: deque[float], since_s: float) -> None:
@@ -152,8 +150,6 @@ class LatencyControls:
         sig.arrivals.append(now_s)
         sig.queue_tokens += queued
         sig.depth.append((now_s, sig.queue_tokens))
-        if not klass.protected:
-            sig.best_effort_admitted_s = now_s
 
     def observe_outcome(self, outcome: Outcome, now_s: float) -> None:
         """A first token gives a queue-time sample; a failure before it, a lower bound."""
@@ -361,21 +357,20 @@ class LatencyControls:
         return track is not None and track.stage >= REROUTE
 
     def sheds(self, klass: str, worker: WorkerId, now_s: float) -> bool:
-        """Whether admission control turns this class away on this worker."""
+        """Whether admission control turns this class away on this worker: an unprotected
+        class, when some class at admission there has at least its priority or is
+        protected. Protected classes are kept (never shed)."""
         if not self.settings.enabled:
             return False
-        name, me = self.resolve(klass)
-        quiet = self.settings.best_effort_quiet_s
+        me = self.resolve(klass)[1]
+        if me.protected:
+            return False
         for (other, w), track in self.tracks.items():
             if w != worker or track.stage < ADMISSION:
                 continue
             breaching = self.resolve(other)[1]
-            if not me.protected and (breaching.protected or me.priority <= breaching.priority):
+            if breaching.protected or me.priority <= breaching.priority:
                 return True
-            if me.protected and other == name:
-                last = self._signals(worker).best_effort_admitted_s
-                if last is None or now_s - last >= quiet:
-                    return True
         return False
 
     def healthy(self, klass: str, worker: WorkerId, now_s: float) -> bool:

@@ -42,7 +42,6 @@ def _settings(**kw: object) -> ControlSettings:
         "breach_s": 5.0,
         "recovery_s": 8.0,
         "evaluate_every_s": 1.0,
-        "best_effort_quiet_s": 10.0,
     }
     base.update(kw)
     return ControlSettings(**base)  # type: ignore[arg-type]
@@ -201,47 +200,34 @@ def test_controls_off_never_acts() -> None:
     assert not c.sheds("batch", W0, 60.0)
 
 
-def _at_admission(
-    c: LatencyControls,
-    klass: str,
-    worker: WorkerId,
-    start: float = 0.0,
-    also: tuple[WorkerId, ...] = (),
-) -> float:
-    """Drive (klass, worker) — and (klass, each of ``also``) at the same time — to admission
-    through observations; returns the clock after."""
+def _drive(c: LatencyControls, pairs: list[tuple[str, WorkerId]], start: float = 0.0) -> float:
+    """Drive every (class, worker) of ``pairs`` to admission at the same time, through
+    observations; returns the clock after."""
     d = Driver(c)
+    for klass, worker in pairs:
+        d.backlog(start, klass, worker)
     t = start
-    for w in (worker, *also):
-        d.backlog(start, klass, w)
     while t < start + 40.0:
-        for w in (worker, *also):
-            d.request(t, 1000.0, klass=klass, worker=w)
+        for klass, worker in pairs:
+            d.request(t, 1000.0, klass=klass, worker=worker)
         c.tick(t)
         t += 0.5
-    assert all(c.stage(klass, w) == "admission" for w in (worker, *also))
+    assert all(c.stage(klass, w) == "admission" for klass, w in pairs)
     return t
 
 
-def test_best_effort_is_shed_before_a_protected_class() -> None:
+def _at_admission(
+    c: LatencyControls, klass: str, worker: WorkerId, also: tuple[WorkerId, ...] = ()
+) -> float:
+    return _drive(c, [(klass, w) for w in (worker, *also)])
+
+
+def test_best_effort_is_shed_and_a_protected_class_is_kept() -> None:
     c = LatencyControls(_settings())
-    _at_admission(c, "interactive", W0)
-    c.observe_grant(
-        Grant(
-            request_id=RequestId("be"),
-            ts=40.0,
-            model="m",
-            workload_class="batch",
-            prompt_tokens=10,
-            worker_id=W0,
-            admitted=True,
-        ),
-        40.0,
-    )
-    assert c.sheds("batch", W0, 41.0)
-    assert not c.sheds("interactive", W0, 41.0)  # best-effort still being admitted there
-    assert c.sheds("interactive", W0, 51.0)  # quiet for best_effort_quiet_s: now itself
-    assert not c.sheds("batch", W1, 41.0)  # only on the breaching worker
+    clock = _at_admission(c, "interactive", W0)
+    assert c.sheds("batch", W0, clock)
+    assert not c.sheds("interactive", W0, clock)  # protected: kept, even at admission itself
+    assert not c.sheds("batch", W1, clock)  # only on the breaching worker
 
 
 def test_a_low_priority_breach_does_not_shed_higher_priority_work() -> None:
@@ -258,10 +244,9 @@ names = st.sampled_from(["a", "b", "c", "d"])
 @given(
     spec=st.dictionaries(names, st.tuples(st.integers(0, 3), st.booleans()), min_size=2),
     breaching=st.sets(names, min_size=1),
-    quiet=st.booleans(),
 )
 def test_protected_classes_are_never_rejected_before_best_effort_ones(
-    spec: dict[str, tuple[int, bool]], breaching: set[str], quiet: bool
+    spec: dict[str, tuple[int, bool]], breaching: set[str]
 ) -> None:
     classes = {
         n: WorkloadClass(
@@ -271,17 +256,19 @@ def test_protected_classes_are_never_rejected_before_best_effort_ones(
     }
     default = sorted(classes)[0]
     c = LatencyControls(_settings(classes=classes, default_class=default))
-    clock = 0.0
-    for name in sorted(breaching & set(classes)):
-        clock = _at_admission(c, name, W0, clock)
-    now = clock + 100.0 if quiet else clock
-    if not quiet:
-        c._signals(W0).best_effort_admitted_s = clock - 1.0
-    shed = {n: c.sheds(n, W0, now) for n in classes}
+    clock = _drive(c, [(name, W0) for name in sorted(breaching & set(classes))])
+    shed = {n: c.sheds(n, W0, clock) for n in classes}
     best_effort = [n for n, k in classes.items() if not k.protected]
+    at_admission = [classes[n] for n in breaching & set(classes)]
     for name, klass in classes.items():
-        if klass.protected and shed[name]:
-            assert all(shed[b] for b in best_effort), (shed, spec)
+        if klass.protected:
+            assert not shed[name], (shed, spec)  # kept, whatever breaches
+        elif any(b.protected or klass.priority <= b.priority for b in at_admission):
+            assert shed[name], (shed, spec)  # best-effort at or below a breach: shed
+        else:
+            assert not shed[name], (shed, spec)  # above every breaching best-effort class
+    if any(b.protected for b in at_admission):
+        assert all(shed[b] for b in best_effort)  # a protected breach sheds all best-effort
 
 
 # ---------------------------------------------------------------------- with the Predictor
@@ -334,12 +321,14 @@ def test_reroute_goes_only_to_a_verified_destination() -> None:
     for i in range(4):
         p.queues[others[1]].add(RequestId(f"pin{i}"), clock, 60_000, 0, 10)
     g = _route(p, "stays", clock)
-    # No verified alternative: it stays put (and, protected with best-effort quiet there,
-    # is shed by admission control rather than sent somewhere that cannot serve it).
-    assert g.rerouted_from is None
-    assert g.worker_id in (None, first, others[0]) and g.worker_id != others[1]
+    # No verified alternative: it stays put (protected: kept, not shed).
+    assert g.rerouted_from is None and g.admitted
+    assert g.worker_id in (first, others[0])
     for i in range(4):
         p.queues[others[1]].finished(RequestId(f"pin{i}"), clock)
+    # Now a little busier than the avoided workers (so not the first choice), but within
+    # the class's budget: a verified destination.
+    p.queues[others[1]].add(RequestId("small"), clock, 2000, 0, 10)
     g = _route(p, "moves", clock)
     assert g.admitted and g.worker_id == others[1] and g.rerouted_from in (first, others[0])
 
