@@ -378,7 +378,9 @@ class LatencyControls:
         not shedding it, and no timeouts there in the window."""
         if self.avoid(klass, worker) or self.sheds(klass, worker, now_s):
             return False
-        return self.signals(worker, now_s).timeouts == 0
+        timeouts = self._signals(worker).timeouts
+        _trim(timeouts, now_s - self.settings.window_s)
+        return not timeouts
 
     # ------------------------------------------------------------------ output
 
