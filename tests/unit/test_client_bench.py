@@ -30,7 +30,8 @@ def test_a_step_counts_429s_apart_and_judges_the_p95_target() -> None:
     step = summarize("concurrency", 4, _samples(ttfts, n429=1, errors=2), 10.0, 4, 2.0, 0.05)
     assert (step.sent, step.ok, step.rejected_429, step.errors) == (23, 20, 1, 2)
     assert step.ttft_p95_s == pytest.approx(float(np.percentile(ttfts, 95)))
-    assert step.ttft_p50_s is not None and step.ttft_p50_s < step.ttft_p95_s
+    assert step.ttft_p50_s is not None and step.ttft_p95_s is not None
+    assert step.ttft_p50_s < step.ttft_p95_s
     assert step.achieved_rps == pytest.approx(2.0)
     assert step.meets_target  # p95 1.905 s <= 2 s, 1 of 23 rejected <= 5 %
     assert step.first_errors == ["APIConnectionError", "APIConnectionError"]
