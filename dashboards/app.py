@@ -27,6 +27,7 @@ import polars as pl
 import streamlit as st
 
 from dashboards import data
+from dashboards.controls import controls_section
 
 LAKE_ENV: Final = "FORETOKEN_LAKE"
 REFRESH_ENV: Final = "FORETOKEN_DASHBOARD_REFRESH_S"
@@ -613,6 +614,7 @@ def body(lake: str, filters: data.Filters) -> None:
         fits_tab(con, filters, ov)
     with tabs[3]:
         bounds_tab(con, filters, ov, options)
+    controls_section(lake)
     st.caption(f"Read {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC from `{lake}`.")
 
 

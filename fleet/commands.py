@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import fleet.predictor_policy  # noqa: F401  (registers the "predictor" policy)
+from fleet.classes import ClassMix, class_summary, write_control_events
 from fleet.load import run_load, write_results_parquet
 from fleet.policy import make_policy
+from fleet.predictor_policy import PredictorPolicy
 from fleet.replay import (
     TRACE_LOADERS,
     FleetLedger,
@@ -19,6 +21,8 @@ from fleet.replay import (
 )
 from fleet.spec import load_fleet
 from fleet.traces import BoundMix, TraceRequest, load_azure, load_mooncake
+from foretoken.settings import ControlSettings
+from predictor.controls import LatencyControls
 
 TRACE_HELP = ", ".join(TRACE_LOADERS)
 
@@ -41,11 +45,21 @@ def with_bounds(requests: list[TraceRequest], bounds: str | None, seed: int) -> 
 def replay_command(
     *, trace: str, fleet: str, policy: str, speedup: float | None, capacity_factor: float | None,
     limit: int | None, bounds: str | None, out: str | None, seed: int, progress: bool,
+    controls: str | None = None, classes: str | None = None,
+    control_settings: ControlSettings | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Replay a trace on a fleet in virtual time; with ``out``, append the records to the
-    grading lake there. Returns the summary (also what is printed)."""
+    grading lake there. Returns the summary (also what is printed).
+
+    ``classes`` ("interactive:0.3,batch:0.7") gives requests workload classes (and their
+    classes' default bounds) from ``control_settings``; ``controls`` "on" runs the latency
+    controls in virtual time (predictor policy only), "off" the same without them."""
     if speedup is not None and capacity_factor is not None:
         raise ValueError("give --speedup or --capacity-factor, not both")
+    if controls not in (None, "on", "off"):
+        raise ValueError(f"--controls must be on or off, got {controls!r}")
+    if controls == "on" and policy != "predictor":
+        raise ValueError("the latency controls act through the predictor: use --policy predictor")
     spec = load_fleet(fleet)
     base = load_trace(trace, limit)
     factor_speedup = None
@@ -53,13 +67,34 @@ def replay_command(
         factor_speedup = capacity_factor * capacity_speedup(base, spec)
     chosen_speedup = speedup or factor_speedup or 1.0
     requests = with_bounds(base, bounds, seed)
-    chosen = make_policy(policy, FleetLedger.for_fleet(spec), seed=seed)
+    settings = control_settings or ControlSettings()
+    if classes:
+        requests = ClassMix.parse(classes).assign(requests, settings, seed)
+    controller = None
+    if controls == "on":
+        controller = LatencyControls(settings)
+        chosen: Any = PredictorPolicy.for_fleet(spec, seed, controls=controller)
+    else:
+        chosen = make_policy(policy, FleetLedger.for_fleet(spec), seed=seed)
     result = replay(requests, spec, chosen, speedup=chosen_speedup, progress=progress)
     if out is not None:
         write_lake(result.records, out)
     summary = result.summary()
     summary.update({"policy": policy, "fleet": spec.name, "trace": trace,
-                    "speedup": chosen_speedup, "capacity_factor": capacity_factor})  # fmt: skip
+                    "speedup": chosen_speedup, "capacity_factor": capacity_factor,
+                    "controls": controls or "off"})  # fmt: skip
+    if classes or controls:
+        summary["classes"] = class_summary(result.records, settings)
+    if controller is not None:
+        events = list(controller.history)
+        summary["control_transitions"] = controller.transitions
+        summary["control_stage_entries"] = {
+            stage: sum(e.to_stage == stage for e in events)
+            for stage in ("warn", "reroute", "admission")
+        }
+        summary["rerouted"] = chosen.counters.rerouted
+        if out is not None:
+            write_control_events(events, out)
     return summary
 
 

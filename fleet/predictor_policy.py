@@ -58,6 +58,7 @@ from fleet.spec import EngineSpec, FleetSpec
 from foretoken.ids import ModelName, RequestId, WorkerId
 from grading.join import DEFAULT_TIMEOUT_S, GradingJoin
 from predictor.approx import ApproxCacheConfig, index_params
+from predictor.controls import LatencyControls
 from predictor.index import PrefixIndex
 from predictor.service import Predictor, PredictorConfig
 from streams.records import (
@@ -144,6 +145,7 @@ class PolicyCounters:
     outcomes: int = 0
     graded: int = 0
     cold_samples: int = 0  # graded records the fits took as prefill samples
+    rerouted: int = 0  # decisions the latency controls moved off the first choice
 
 
 class PredictorPolicy:
@@ -162,11 +164,12 @@ class PredictorPolicy:
         join_timeout_s: float = DEFAULT_TIMEOUT_S,
         maintain_every_s: float = DEFAULT_MAINTAIN_EVERY_S,
         approx: ApproxCacheConfig | None = None,
+        controls: LatencyControls | None = None,
     ) -> None:
         base = replace(config or PredictorConfig(), seed=seed)  # the policy's seed wins
         self.approx = approx or ApproxCacheConfig()
         self.index = PrefixIndex()
-        self.predictor = Predictor(self.index, config=base)
+        self.predictor = Predictor(self.index, config=base, controls=controls)
         self.join = GradingJoin(block_size_of=self._block_size_of, timeout_s=join_timeout_s)
         self.counters = PolicyCounters()
         self._maintain_every_s = maintain_every_s
@@ -184,13 +187,19 @@ class PredictorPolicy:
 
     @classmethod
     def for_fleet(
-        cls, fleet: FleetSpec, seed: int = 0, *, config: PredictorConfig | None = None
+        cls,
+        fleet: FleetSpec,
+        seed: int = 0,
+        *,
+        config: PredictorConfig | None = None,
+        controls: LatencyControls | None = None,
     ) -> Self:
         """A policy for a simulated fleet, registered from each engine's reported fields
-        (with GPU blocks, which the generic :class:`FleetView` does not carry)."""
+        (with GPU blocks, which the generic :class:`FleetView` does not carry); with
+        ``controls``, the latency controls run in the replay's virtual time."""
         view = FleetView([WorkerInfo.from_spec(spec) for spec in fleet.engines])
         regs = [registration_from_spec(spec) for spec in fleet.engines]
-        return cls(view, seed, registrations=regs, config=config)
+        return cls(view, seed, registrations=regs, config=config, controls=controls)
 
     # ------------------------------------------------------------------ observations
 
@@ -287,6 +296,9 @@ class PredictorPolicy:
                 self.counters.cold_samples += 1
 
     def _maintain(self, t_s: float) -> None:
+        controls = self.predictor.controls
+        if controls is not None:  # the worker's controls timer (self-throttled)
+            controls.tick(t_s)
         if t_s < self._next_maintain_s:
             return
         self._next_maintain_s = t_s + self._maintain_every_s
@@ -311,6 +323,7 @@ class PredictorPolicy:
         )
         grant = self.predictor.route(wire, now_s, now_s).grant
         self.counters.decisions += 1
+        self.counters.rerouted += grant.rerouted_from is not None
         self.on_grant(grant, now_s)
         return decision_from_grant(grant)
 

@@ -50,7 +50,6 @@ from rich.progress import (
 
 from fleet.engine import DecodeRun, EngineModel, Finished, FirstToken, RequestTooLarge, StepResult
 from fleet.policy import (
-    DEFAULT_WORKLOAD_CLASS,
     Decision,
     FleetLedger,
     RouteRequest,
@@ -136,7 +135,7 @@ def _graded(flight: _Flight, status: Status, model: ModelName, **outcome: Any) -
         request_id=request.request_id,
         ts=EPOCH_BASE_TS + flight.arrival_s,
         model=model,
-        workload_class=DEFAULT_WORKLOAD_CLASS,
+        workload_class=request.workload_class,
         worker_id=decision.worker_id,
         status=status,
         admitted=decision.admitted,
@@ -238,6 +237,7 @@ class _Replay:
             max_tokens=request.output_tokens,
             max_queue_wait_s=request.max_queue_wait_s,
             conversation_id=request.conversation_id,
+            workload_class=request.workload_class,
         )
         decision = self.policy.decide(route, self.ledger)
         worker_id = decision.worker_id

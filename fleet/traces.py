@@ -145,6 +145,7 @@ class TraceRequest:
     max_queue_wait_s: float | None = None
     token_seed: int = 0
     vocab_size: int = DEFAULT_VOCAB_SIZE
+    workload_class: str = "default"
 
     def __post_init__(self) -> None:
         if len(self.segment_keys) != len(self.segment_lengths):
@@ -166,6 +167,9 @@ class TraceRequest:
 
     def with_bound(self, max_queue_wait_s: float | None) -> TraceRequest:
         return replace(self, max_queue_wait_s=max_queue_wait_s)
+
+    def with_class(self, workload_class: str) -> TraceRequest:
+        return replace(self, workload_class=workload_class)
 
 
 def _check_speedup(speedup: float) -> None:

@@ -200,15 +200,24 @@ def replay(
     out: str | None = typer.Option(None, help="Append the graded records to this lake."),
     seed: int = typer.Option(0),
     progress: bool = typer.Option(True),
+    controls: str | None = typer.Option(
+        None, help="on|off: run the latency controls in virtual time (policy predictor)."
+    ),
+    classes: str | None = typer.Option(
+        None, help='Workload class mix, e.g. "interactive:0.3,batch:0.7" (classes: --config).'
+    ),
+    config: str | None = ConfigOpt,
 ) -> None:
     """Replay a trace on a simulated fleet in virtual time; summary as JSON."""
     from fleet.commands import dumps, replay_command
 
+    settings = _settings(config)
     try:
         summary = replay_command(
             trace=trace, fleet=fleet, policy=policy, speedup=speedup,
             capacity_factor=capacity_factor, limit=limit, bounds=bounds, out=out, seed=seed,
-            progress=progress,
+            progress=progress, controls=controls, classes=classes,
+            control_settings=settings.controls,
         )  # fmt: skip
     except (ValueError, KeyError) as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -294,6 +303,60 @@ def llama_run(ctx: typer.Context) -> None:
     from fleet.llama_server import main as llama_main
 
     raise typer.Exit(llama_main(list(ctx.args)))
+
+
+def _floats(text: str | None, name: str) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{name}: comma-separated numbers, got {text!r}") from exc
+
+
+@bench_app.command("client")
+def bench_client(
+    url: str = typer.Option(..., help="OpenAI-compatible base URL (router, engine, any)."),
+    model: str = typer.Option(..., help="Model name to ask for."),
+    concurrency: str | None = typer.Option(None, help='Concurrency steps, e.g. "1,4,16".'),
+    rate: str | None = typer.Option(None, help='Rate steps in requests/s, e.g. "2,8".'),
+    burstiness: float = typer.Option(1.0, help="Gamma shape of arrival gaps (<1 bursty)."),
+    max_concurrency: int = typer.Option(256, help="Most in flight in a rate step."),
+    requests: int = typer.Option(50, help="Requests per step."),
+    prompts: str = typer.Option(
+        "azure-code", help="azure-code, azure-conv, mooncake, or a .jsonl/.json/.txt dataset."
+    ),
+    max_tokens: int = typer.Option(16, help="Output tokens per request (at most)."),
+    p95_target_s: float = typer.Option(2.0, help="P95 TTFT a step must meet."),
+    max_429_share: float = typer.Option(0.05, help="Most 429s (share of sent) a step may have."),
+    peak_concurrency: int | None = typer.Option(None, help="Expected peak concurrency."),
+    peak_rps: float | None = typer.Option(None, help="Expected peak requests/s."),
+    workload_class: str | None = typer.Option(None, help="Send x-workload-class."),
+    max_queue_wait_s: float | None = typer.Option(None, help="Send x-max-queue-wait-s."),
+    timeout_s: float = typer.Option(120.0, help="Per-request timeout."),
+    seed: int = typer.Option(0),
+) -> None:
+    """Client-side P50/P95/P99 TTFT per step (official openai client, no retries), the
+    highest step meeting a P95 target, and replica sizing. Table on stderr, JSON on stdout."""
+    import json
+
+    from bench.client_bench import ClientBenchConfig, render, run_client_bench
+
+    try:
+        cfg = ClientBenchConfig(
+            url=url, model=model, concurrency=tuple(int(c) for c in _floats(concurrency, "c")),
+            rates=_floats(rate, "rate"), burstiness=burstiness, max_concurrency=max_concurrency,
+            requests=requests, source=prompts, max_tokens=max_tokens, p95_target_s=p95_target_s,
+            max_429_share=max_429_share, peak_concurrency=peak_concurrency, peak_rps=peak_rps,
+            timeout_s=timeout_s, workload_class=workload_class,
+            max_queue_wait_s=max_queue_wait_s, seed=seed,
+        )  # fmt: skip
+        report = run_client_bench(cfg)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    render(report, Console(stderr=True, width=max(console.width, 110)))
+    print(json.dumps(report, indent=1))
 
 
 @app.command()

@@ -21,6 +21,11 @@ Decision policy (``route``):
   its bound (the excess of the predicted wait over what the bound leaves), clamped;
 * explore: a configured fraction of would-be rejections is admitted anyway and flagged, so
   that false alarms can be measured directly;
+* latency controls (optional, ``predictor/controls.py``): the request's workload class gets
+  its default bound when it names none; when the class is at reroute (or shed) on the chosen
+  worker, the request moves to the best *verified* alternative (healthy for the class, same
+  model, capacity, projected latency within the class's budget), else stays; when the class
+  is still shed there, it is rejected (``admission_control``), never explored;
 * the decision is applied to the chosen worker's queue at once (concurrent requests do not
   herd onto one idle worker) and remembered by request id (a repeated call gets the same
   decision; the grant arriving later on ``grants`` does not count twice).
@@ -33,8 +38,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from foretoken.ids import ModelName, RequestId, WorkerId
 from predictor.approx import cache_source
+from predictor.controls import REJECT_REASON, LatencyControls
 from predictor.fit_registry import FitRegistry, prefill_sample_cached, time_per_output_token_s
 from predictor.index import PrefixIndex
 from predictor.queue import WorkerQueue
@@ -94,8 +102,10 @@ class Predictor:
         index: PrefixIndex,
         fits: FitRegistry | None = None,
         config: PredictorConfig | None = None,
+        controls: LatencyControls | None = None,
     ) -> None:
         self.index = index
+        self.controls = controls
         self.fits = fits or FitRegistry()
         self.config = config or PredictorConfig()
         self.workers: dict[WorkerId, WorkerRegistration] = {}
@@ -126,6 +136,8 @@ class Predictor:
     def on_grant(self, grant: Grant, now_s: float) -> None:
         """A decision made elsewhere (another replica, the router's fallback) or our own,
         arriving on ``grants``: put it in the queue model unless it is there already."""
+        if self.controls is not None:
+            self.controls.observe_grant(grant, now_s)
         if grant.admitted and grant.worker_id is not None:
             expected = self.config.default_output_tokens
             self._enqueue(grant.worker_id, grant.request_id, grant.ts, grant.prompt_tokens,
@@ -133,6 +145,8 @@ class Predictor:
 
     def on_outcome(self, outcome: Outcome, now_s: float) -> None:
         self._observe_served(outcome, now_s)
+        if self.controls is not None:
+            self.controls.observe_outcome(outcome, now_s)
         queue = self.queues.get(outcome.worker_id)
         if queue is None:
             return
@@ -182,6 +196,8 @@ class Predictor:
             self.index.observe_served(wid, hashes, now_s)
 
     def maintain(self, now_s: float) -> None:
+        if self.controls is not None:
+            self.controls.tick(now_s)
         for queue in self.queues.values():
             for rid in queue.expire(now_s, self.config.outstanding_max_age_s):
                 self.alone.pop(rid, None)
@@ -233,6 +249,9 @@ class Predictor:
         known = self.decisions.get(req.request_id)
         if known is not None:
             return known
+        if self.controls is not None:
+            self.controls.tick(now_s)
+            req = self._with_class_defaults(req)
         tokens = req.tokens()
         candidates = self.predict(req.model, tokens, now_s, req.prompt_tokens)
         n = req.prompt_length
@@ -245,10 +264,15 @@ class Predictor:
                                 retry_after_s=retry)  # fmt: skip
             return self._remember(req.request_id, RouteResponse(grant=grant))
         best = self._choose(req, candidates)
+        first = best.prediction.worker_id
+        best, shed = self._controlled(req, best, candidates, now_s)
         admitted, reason = self._admit(req, best)
         explore = False
         retry_after = None
-        if not admitted:
+        if shed and self.controls is not None:
+            admitted, reason = False, REJECT_REASON
+            retry_after = self.controls.settings.admission_retry_after_s
+        elif not admitted:
             retry_after = None if reason == NEVER_FITS else self._retry_after(req, best)
             if self.rng.random() < self.config.explore_fraction:
                 admitted, explore = True, True
@@ -257,6 +281,10 @@ class Predictor:
             retry_after_s=retry_after, explore=explore,
             candidates=tuple(c.prediction for c in candidates),
         )  # fmt: skip
+        if best.prediction.worker_id != first and admitted:
+            grant = msgspec.structs.replace(grant, rerouted_from=first)
+        if self.controls is not None:
+            self.controls.observe_grant(grant, now_s)
         url = None
         if admitted:
             wid = best.prediction.worker_id
@@ -289,6 +317,49 @@ class Predictor:
             if mine is not None and mine.prediction.predicted_ttft_s <= key(best)[0] + margin:
                 return mine
         return best
+
+    def _with_class_defaults(self, req: RouteRequest) -> RouteRequest:
+        """The class's name as configured (unknown → default) and its default bound."""
+        assert self.controls is not None
+        name, klass = self.controls.resolve(req.workload_class)
+        bound = req.max_queue_wait_s
+        if bound is None:
+            bound = klass.max_queue_wait_s
+        if name == req.workload_class and bound == req.max_queue_wait_s:
+            return req
+        return msgspec.structs.replace(req, workload_class=name, max_queue_wait_s=bound)
+
+    def _controlled(
+        self, req: RouteRequest, best: Candidate, candidates: list[Candidate], now_s: float
+    ) -> tuple[Candidate, bool]:
+        """The latency controls' say: a verified alternative when the class must leave the
+        chosen worker, and whether admission control sheds the request where it lands."""
+        controls = self.controls
+        if controls is None:
+            return best, False
+        klass_name, klass = controls.resolve(req.workload_class)
+        wid = best.prediction.worker_id
+        if controls.avoid(klass_name, wid) or controls.sheds(klass_name, wid, now_s):
+            verified = [
+                c for c in candidates
+                if c.prediction.worker_id != wid
+                and controls.healthy(klass_name, c.prediction.worker_id, now_s)
+                and self._has_capacity(c.prediction.worker_id)
+                and c.prediction.queue_wait_s <= klass.queue_budget_s
+                and req.already_waited_s + c.prediction.predicted_ttft_s
+                <= klass.objective_ttft_s - klass.margin_s
+            ]  # fmt: skip
+            if verified:
+                best = min(verified, key=lambda c: c.prediction.predicted_ttft_s)
+        return best, controls.sheds(klass_name, best.prediction.worker_id, now_s)
+
+    def _has_capacity(self, wid: WorkerId) -> bool:
+        """Room for one more running sequence (what the engine will let in)."""
+        queue = self.queues.get(wid)
+        reg = self.workers.get(wid)
+        if queue is None or reg is None:
+            return False
+        return queue.outstanding_count < reg.scheduler.max_num_seqs
 
     def _learner(self, req: RouteRequest, candidates: list[Candidate]) -> Candidate | None:
         """An idle worker still on the default curve takes the request (if it meets its

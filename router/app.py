@@ -145,10 +145,17 @@ def parse(state: RouterState, request: web.Request, raw: bytes, chat: bool) -> P
     if model not in state.models():
         raise BadRequest(f"unknown model {model!r}; served: {sorted(state.models())}")
     cfg = state.settings.router
+    klass = body.pop("workload_class", None) or request.headers.get("x-workload-class")
+    classes = state.settings.controls.classes
+    if klass is not None and str(klass) not in classes:
+        raise BadRequest(f"unknown workload class {klass!r}; configured: {sorted(classes)}")
+    class_name, workload = state.settings.controls.workload_class(klass and str(klass))
     bound = _float_or_none(
         body.pop("max_queue_wait_s", None) or request.headers.get("x-max-queue-wait-s"),
         "max_queue_wait_s",
     )
+    if bound is None:
+        bound = workload.max_queue_wait_s  # the class's default bound
     if bound is not None and not cfg.min_queue_wait_s <= bound <= cfg.max_queue_wait_s:
         raise BadRequest(
             f"max_queue_wait_s must be within {cfg.min_queue_wait_s}–{cfg.max_queue_wait_s} s"
@@ -157,7 +164,6 @@ def parse(state: RouterState, request: web.Request, raw: bytes, chat: bool) -> P
         body.pop("already_waited_s", None) or request.headers.get("x-already-waited-s"),
         "already_waited_s",
     )
-    klass = body.pop("workload_class", None) or request.headers.get("x-workload-class")
     prefer = body.pop("prefer_cache_hit", None)
     if prefer is None:
         prefer = request.headers.get("x-prefer-cache-hit", "").lower() in ("1", "true", "yes")
@@ -174,7 +180,7 @@ def parse(state: RouterState, request: web.Request, raw: bytes, chat: bool) -> P
         chat=chat,
         max_queue_wait_s=bound,
         already_waited_s=waited_s,
-        workload_class=str(klass or cfg.default_workload_class),
+        workload_class=class_name,
         prefer_cache_hit=bool(prefer),
         conversation_id=str(conversation) if conversation else None,
     )

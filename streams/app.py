@@ -23,6 +23,7 @@ from foretoken.ids import WorkerId
 from foretoken.settings import Settings
 from grading.join import GradingJoin
 from predictor.approx import ApproxCacheConfig
+from predictor.controls import LatencyControls
 from predictor.service import Predictor
 from streams.consume import INPUT_TOPICS, Consumed, Dispatcher, Position, reason_kind
 from streams.index_keeper import IndexKeeper
@@ -31,6 +32,7 @@ from streams.lake_sink import LakeSink, add_lake_sink
 from streams.metrics import PROMETHEUS_CONTENT_TYPE, WorkerMetrics
 from streams.produce import record_key
 from streams.records import (
+    ControlEvent,
     DeadLetter,
     DecodeError,
     Graded,
@@ -63,7 +65,8 @@ class WorkerState:
         self.join = GradingJoin(
             block_size_of=self.block_size_of, reports_cached_of=self.reports_cached_of
         )
-        self.predictor = Predictor(self.index.index)
+        self.controls = LatencyControls(settings.controls)
+        self.predictor = Predictor(self.index.index, controls=self.controls)
         # Grants/outcomes are acked only once the join has settled their request.
         self.held_acks = HeldAcks(lambda: self.join.pending)
         # The graded -> Parquet lake sink, when a lake directory is configured.
@@ -116,6 +119,15 @@ class WorkerState:
         self.predictor.maintain(now)
         return self.join.expire(now)
 
+    def control_events(self) -> list[ControlEvent]:
+        """Evaluate the latency controls now; their stage changes, for the ``controls``
+        topic (and the metrics)."""
+        now = time.time()
+        self.controls.tick(now)
+        events = self.controls.drain()
+        self.metrics.observe_controls(self.controls.snapshot(now), events)
+        return events
+
     def stats(self) -> dict[str, Any]:
         return {
             "version": __version__,
@@ -124,6 +136,7 @@ class WorkerState:
             "dead_lettered": dict(self.dispatcher.dead),
             "index_snapshots": self.index.snapshots,
             "lake": self.lake.stats() if self.lake is not None else None,
+            "controls": self.controls.snapshot(time.time()),
         }
 
 
@@ -186,14 +199,26 @@ def create_app(
     )
     outputs = {
         logical: app.topic(settings.topic(logical), key_serializer="raw", value_serializer="raw")
-        for logical in ("dead_letter", "graded")
+        for logical in ("dead_letter", "graded", "controls")
     }
     for logical in INPUT_TOPICS:
         _add_consumer(app, state, logical, outputs)
     _add_pages(app, state)
     _add_snapshots(app, state)
     _add_join_expiry(app, state, outputs)
+    _add_controls(app, state, outputs)
     return app, state
+
+
+def _add_controls(app: faust.App, state: WorkerState, outputs: dict[str, Any]) -> None:
+    @app.timer(interval=state.settings.controls.evaluate_every_s)
+    async def evaluate_controls() -> None:
+        for event in state.control_events():
+            log.warning(
+                "controls: %s on %s %s -> %s (%s)", event.workload_class, event.worker_id,
+                event.from_stage, event.to_stage, event.reason,
+            )  # fmt: skip
+            await _emit(outputs, "controls", event, state.settings.wire_format)
 
 
 JOIN_EXPIRY_INTERVAL_S = 5.0
@@ -315,6 +340,13 @@ def _add_pages(app: faust.App, state: WorkerState) -> None:
             except DecodeError as exc:
                 return self.json({"error": exc.reason}, status=400)
             return self.bytes(body, content_type="application/json")
+
+    @app.page("/v1/controls")
+    async def controls(self: View, request: Request) -> Response:
+        now = time.time()
+        body = state.controls.snapshot(now)
+        body["recent"] = [msgspec.to_builtins(e) for e in list(state.controls.history)[-50:]]
+        return self.json(body)
 
     @app.page("/v1/fits")
     async def fits(self: View, request: Request) -> Response:

@@ -14,7 +14,7 @@ LINGER_MS = 5
 
 def record_key(logical: str, record: Record) -> bytes:
     """The partition key of a record: worker id for worker/kv topics, request id otherwise."""
-    attr = "worker_id" if logical in ("workers", "kv_events") else "request_id"
+    attr = "worker_id" if logical in ("workers", "kv_events", "controls") else "request_id"
     if logical == "dead_letter":
         attr = "source"
     value = getattr(record, attr)

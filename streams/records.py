@@ -237,6 +237,8 @@ class Grant(Record, kw_only=True, frozen=True):
     fallback: bool = False
     conversation_id: str | None = None
     candidates: tuple[CandidatePrediction, ...] = ()
+    # Set when the latency controls moved the request off the predictor's first choice.
+    rerouted_from: WorkerId | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -379,6 +381,50 @@ class RouteResponse(Record, kw_only=True, frozen=True):
     http_url: str | None = None
 
 
+# --------------------------------------------------------------------------- controls
+
+ControlStage = Literal["ok", "warn", "reroute", "admission"]
+
+
+class ControlSignals(msgspec.Struct, kw_only=True, frozen=True):
+    """A worker's corroborating signals over the controls' window."""
+
+    queue_tokens: int = 0  # prompt tokens sent there and still waiting for a first token
+    peak_queue_tokens: int = 0  # the most of those at any admission in the window
+    arrival_rps: float = 0.0  # admitted requests per second
+    service_rps: float = 0.0  # first tokens per second
+    timeouts: int = 0
+    cancellations: int = 0
+
+
+class ControlEvent(Record, kw_only=True, frozen=True):
+    """Topic ``controls`` (keyed by worker_id): one state change of the latency controls
+    for a (workload class, worker), with why: the objective, the budget left, the signals."""
+
+    ts: float
+    workload_class: str
+    worker_id: WorkerId
+    from_stage: ControlStage
+    to_stage: ControlStage
+    reason: str
+    objective_ttft_s: float
+    percentile: float
+    queue_budget_s: float
+    # The tail (at ``percentile``) of queue time over the window; None with too few samples.
+    tail_queue_s: float | None = None
+    remaining_budget_s: float | None = None
+    threshold_s: float
+    samples: int = 0
+    signals: ControlSignals = ControlSignals()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.workload_class or not self.worker_id:
+            raise ValueError("workload_class and worker_id must be non-empty")
+        _check_finite("tail_queue_s", self.tail_queue_s)
+        _check_finite("remaining_budget_s", self.remaining_budget_s, minimum=None)
+
+
 # --------------------------------------------------------------------------- dead-letter
 
 
@@ -405,6 +451,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
     "outcomes": Outcome,
     "graded": Graded,
     "dead_letter": DeadLetter,
+    "controls": ControlEvent,
 }
 
 _json_encoder = msgspec.json.Encoder()

@@ -34,8 +34,11 @@ class Stack:
 
 
 def start_stack(settings: Settings, tmp: Path, fleet: str = "small", time_scale: float = 1.0,
-                route_timeout_s: float = 0.25, **worker_env: str) -> Stack:  # fmt: skip
-    proc, worker = launch_worker(settings, tmp / "worker", **worker_env)
+                route_timeout_s: float = 0.25, extra_env: dict[str, str] | None = None,
+                **worker_env: str) -> Stack:  # fmt: skip
+    """``extra_env`` and ``worker_env`` reach the worker, fleet, ingest and router (e.g.
+    FORETOKEN_CONFIG, FORETOKEN_LAKE_DIR)."""
+    proc, worker = launch_worker(settings, tmp / "worker", **{**(extra_env or {}), **worker_env})
     stack = Stack(worker=worker, router_url="", engines=[], worker_proc=proc, tmp=tmp)
     try:
         engines_file = tmp / "engines.toml"

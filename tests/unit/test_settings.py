@@ -13,7 +13,7 @@ def test_defaults_work_on_a_laptop() -> None:
     assert not s.kafka.external
     assert s.topic("kv_events") == "kv-events"
     assert set(s.all_topics()) == {
-        "workers", "kv_events", "grants", "outcomes", "graded", "dead_letter",
+        "workers", "kv_events", "grants", "outcomes", "graded", "dead_letter", "controls",
     }  # fmt: skip
 
 

@@ -7,7 +7,15 @@ from streams.topics import topic_specs
 def test_every_topic_is_declared_once_with_its_policy() -> None:
     s = load_settings(env={"FORETOKEN_TOPIC_PREFIX": "t-", "FORETOKEN_PARTITIONS": "3"})
     specs = {spec.logical: spec for spec in topic_specs(s)}
-    assert set(specs) == {"workers", "kv_events", "grants", "outcomes", "graded", "dead_letter"}
+    assert set(specs) == {
+        "workers",
+        "kv_events",
+        "grants",
+        "outcomes",
+        "graded",
+        "dead_letter",
+        "controls",
+    }
     assert specs["workers"].compacted and specs["workers"].config(1)["cleanup.policy"] == "compact"
     assert not specs["grants"].compacted
     assert specs["grants"].config(1000) == {"cleanup.policy": "delete", "retention.ms": "1000"}
