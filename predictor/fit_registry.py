@@ -130,11 +130,28 @@ def prefill_sample_cached(graded: Graded, *, others_running: bool) -> int | None
 
 @dataclass(slots=True)
 class WorkerFits:
-    """The fits of one (worker, configuration)."""
+    """The fits of one (worker, configuration). ``busy`` is the bootstrap fit from
+    back-to-back first tokens (:meth:`FitRegistry.observe_busy`), used only while
+    ``prefill`` (cold samples) is still on its default; it is not snapshotted."""
 
     prefill: OnlinePrefillFit
     step: StepCostFit
     introduced: int  # the registry's clock when this configuration was first seen
+    busy: OnlinePrefillFit | None = None
+
+    @property
+    def curve(self) -> PrefillCurve:
+        cold = self.prefill.curve
+        if cold.default and self.busy is not None and not self.busy.curve.default:
+            return self.busy.curve
+        return cold
+
+    @property
+    def source(self) -> str:
+        """Which samples the current curve comes from: cold, busy or default."""
+        if not self.prefill.curve.default:
+            return "cold"
+        return "busy" if self.curve is not self.prefill.curve else "default"
 
 
 class _EntryState(msgspec.Struct, frozen=True):
@@ -197,6 +214,20 @@ class FitRegistry:
         fit = self._for_sample(worker_id, config_hash).prefill
         return fit.observe(n_tokens, seconds, ts, cached_tokens)
 
+    def observe_busy(
+        self, worker_id: WorkerId, config_hash: str, n_tokens: int, seconds: float, ts: float,
+        cached_tokens: int = 0,
+    ) -> bool:  # fmt: skip
+        """A busy-period sample: the time between the worker's previous first token and
+        this request's, when it had been queued since before the previous one (the engine
+        worked without a pause, the prompt's prefill was most of it). Such samples carry
+        other work (decode steps, a chunk done before) and so only bootstrap a worker that
+        never gets a cold sample — one that is never idle, from its first request on."""
+        fits = self._for_sample(worker_id, config_hash)
+        if fits.busy is None:
+            fits.busy = OnlinePrefillFit(self.config)
+        return fits.busy.observe(n_tokens, seconds, ts, cached_tokens)
+
     def observe_decode(
         self, worker_id: WorkerId, config_hash: str, tpot_s: float, mean_running: float, ts: float
     ) -> bool:
@@ -236,7 +267,7 @@ class FitRegistry:
     def curve(self, worker_id: WorkerId) -> PrefillCurve:
         """The worker's current prefill curve (the default for a worker not seen yet)."""
         fits = self.fits(worker_id)
-        return self._default_curve if fits is None else fits.prefill.curve
+        return self._default_curve if fits is None else fits.curve
 
     def step_cost(self, worker_id: WorkerId) -> StepCost:
         fits = self.fits(worker_id)
@@ -247,10 +278,11 @@ class FitRegistry:
         rows: list[dict[str, object]] = []
         ordered = sorted(self._fits.items(), key=lambda kv: (kv[0][0], -kv[1].introduced))
         for (worker, config_hash), fits in ordered:
-            curve, step = fits.prefill.curve, fits.step.cost
+            curve, step = fits.curve, fits.step.cost
             current = self._current.get(worker) == config_hash
             row: dict[str, object] = {"worker_id": worker, "config_hash": config_hash}
             row |= {"current": current, "observed": fits.prefill.observed}
+            row |= {"source": fits.source, "busy_observed": fits.busy.observed if fits.busy else 0}
             row |= {name: getattr(curve, name) for name in _CURVE_COLUMNS}
             row |= {name: getattr(step, name) for name in _STEP_COLUMNS}
             row |= {"step_samples": step.samples, "step_default": step.default}

@@ -252,6 +252,9 @@ class WorkerQueue:
     def outstanding(self) -> list[Outstanding]:
         return list(self._requests.values())
 
+    def get(self, request_id: RequestId) -> Outstanding | None:
+        return self._requests.get(request_id)
+
     # ------------------------------------------------------------------ state
 
     def snapshot(self) -> bytes:

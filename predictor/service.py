@@ -113,6 +113,7 @@ class Predictor:
         self.decisions: OrderedDict[RequestId, RouteResponse] = OrderedDict()
         self.conversations: OrderedDict[str, WorkerId] = OrderedDict()
         self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
+        self.last_first_token_s: dict[WorkerId, float] = {}  # busy-period samples
         # Approximate mode: own hashes of prompts sent to workers without KV events, filed
         # in the index as cached there once their first token arrives (predictor.approx).
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
@@ -152,6 +153,7 @@ class Predictor:
             return
         # The router's clock says when things happened; our consumption lags behind it.
         if outcome.kind == "first_token" and outcome.status == "ok":
+            self._observe_busy(queue, outcome, now_s)
             queue.first_token(outcome.request_id, outcome.ts)
             return
         queue.finished(outcome.request_id, outcome.ts)
@@ -194,6 +196,28 @@ class Predictor:
         prefilled = outcome.actual_ttft_s is not None and outcome.status != "error"
         if prefilled and wid == outcome.worker_id:
             self.index.observe_served(wid, hashes, now_s)
+
+    def _observe_busy(self, queue: WorkerQueue, outcome: Outcome, now_s: float) -> None:
+        """A busy-period prefill sample (``FitRegistry.observe_busy``): the gap between the
+        worker's previous first token and this one, for a request queued there since
+        before the previous one — the engine never paused, and for a prompt of at least a
+        step's budget (any prompt on a serial engine) its own prefill is most of the gap."""
+        wid = outcome.worker_id
+        prev = self.last_first_token_s.get(wid)
+        if prev is None or outcome.ts > prev:
+            self.last_first_token_s[wid] = outcome.ts
+        entry = queue.get(outcome.request_id)
+        reg = self.workers.get(wid)
+        if entry is None or reg is None or prev is None or entry.first_token_s is not None:
+            return
+        if not entry.sent_at_s < prev < outcome.ts:
+            return
+        scheduler = reg.scheduler
+        fresh = entry.prompt_tokens - entry.cached_tokens
+        if scheduler.chunked_prefill and fresh < scheduler.max_num_batched_tokens:
+            return  # smaller prompts share steps: the gap is not theirs alone
+        self.fits.observe_busy(wid, reg.config_hash, entry.prompt_tokens, outcome.ts - prev,
+                               now_s, entry.cached_tokens)  # fmt: skip
 
     def maintain(self, now_s: float) -> None:
         if self.controls is not None:

@@ -227,3 +227,42 @@ def test_a_prompt_whose_own_prefill_exceeds_the_bound_is_told_not_to_retry() -> 
     g = p.route(_req("huge", 60_000, max_queue_wait_s=5.0), 0.0, 0.0).grant
     assert not g.admitted and g.reject_reason == "prefill_exceeds_bound"
     assert g.retry_after_s is None  # waiting cannot help
+
+
+def test_a_worker_that_is_never_idle_learns_from_back_to_back_first_tokens() -> None:
+    """Busy-period samples: every request queued behind the previous one; the gaps between
+    first tokens are their prefill times. They bootstrap the curve until cold samples come,
+    which then take over."""
+    p = _predictor(1)
+    a, b = 2e-4, 3e-9
+    sizes = [2048 + 523 * k for k in range(12)]
+    for k, n in enumerate(sizes):
+        req = RouteRequest(request_id=f"q{k}", model=MODEL,
+                           token_ids=tuple(range(10_000 * k, 10_000 * k + n)))  # fmt: skip
+        assert p.route(req, 0.0, 0.0).grant.admitted
+    assert p.fits.curve("w0").default
+    t = 0.0
+    for k, n in enumerate(sizes):
+        t += a * n + b * n * n
+        p.on_outcome(Outcome(request_id=f"q{k}", ts=t, kind="first_token", worker_id="w0",
+                             actual_ttft_s=t), t)  # fmt: skip
+    curve = p.fits.curve("w0")
+    assert not curve.default
+    assert curve.a == pytest.approx(a, rel=0.05) and curve.b == pytest.approx(b, rel=0.05)
+    assert p.fits.describe()[0]["source"] == "busy"
+    for k in range(10):  # cold samples of another truth take over
+        n = 1000 + 700 * k
+        p.fits.observe_cold("w0", "c", n, 1e-4 * n, float(k))
+    assert p.fits.curve("w0").a == pytest.approx(1e-4, rel=0.05)
+    assert p.fits.describe()[0]["source"] == "cold"
+
+
+def test_small_prompts_on_a_chunked_engine_give_no_busy_samples() -> None:
+    p = _predictor(1)
+    for k in range(12):
+        req = RouteRequest(request_id=f"s{k}", model=MODEL, token_ids=tuple(range(500 + k)))
+        p.route(req, 0.0, 0.0)
+    for k in range(12):
+        p.on_outcome(Outcome(request_id=f"s{k}", ts=0.1 * (k + 1), kind="first_token",
+                             worker_id="w0", actual_ttft_s=0.1 * (k + 1)), 1.0)  # fmt: skip
+    assert p.fits.describe()[0]["busy_observed"] == 0
