@@ -33,6 +33,7 @@ Decision policy (``route``):
 
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -113,7 +114,9 @@ class Predictor:
         self.decisions: OrderedDict[RequestId, RouteResponse] = OrderedDict()
         self.conversations: OrderedDict[str, WorkerId] = OrderedDict()
         self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
-        self.last_first_token_s: dict[WorkerId, float] = {}  # busy-period samples
+        # busy-period samples: when each worker last finished a prefill (a first token) or,
+        # on an engine that runs one sequence at a time, a whole request
+        self.busy_mark_s: dict[WorkerId, float] = {}
         # Approximate mode: own hashes of prompts sent to workers without KV events, filed
         # in the index as cached there once their first token arrives (predictor.approx).
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
@@ -156,13 +159,15 @@ class Predictor:
             self._observe_busy(queue, outcome, now_s)
             queue.first_token(outcome.request_id, outcome.ts)
             return
+        reg = self.workers.get(outcome.worker_id)
+        if reg is not None and reg.scheduler.max_num_seqs == 1:
+            self._mark_busy(outcome.worker_id, outcome.ts)  # the next prompt starts after it
         queue.finished(outcome.request_id, outcome.ts)
         tpot = None
         if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
             tpot = time_per_output_token_s(
                 outcome.e2e_s, outcome.actual_ttft_s, outcome.output_tokens or 0
             )
-        reg = self.workers.get(outcome.worker_id)
         if tpot is not None and reg is not None:
             running = max(1.0, float(queue.running_count) + 1.0)
             self.fits.observe_decode(outcome.worker_id, reg.config_hash, tpot, running, now_s)
@@ -199,13 +204,14 @@ class Predictor:
 
     def _observe_busy(self, queue: WorkerQueue, outcome: Outcome, now_s: float) -> None:
         """A busy-period prefill sample (``FitRegistry.observe_busy``): the gap between the
-        worker's previous first token and this one, for a request queued there since
-        before the previous one — the engine never paused, and for a prompt of at least a
-        step's budget (any prompt on a serial engine) its own prefill is most of the gap."""
+        worker's previous first token (on an engine that runs one sequence at a time: the
+        previous completion, as it decodes before the next prompt starts) and this one, for
+        a request queued there since before it — the engine never paused, and for a prompt
+        of at least a step's budget (any prompt on a serial engine) its own prefill is most
+        of the gap."""
         wid = outcome.worker_id
-        prev = self.last_first_token_s.get(wid)
-        if prev is None or outcome.ts > prev:
-            self.last_first_token_s[wid] = outcome.ts
+        prev = self.busy_mark_s.get(wid)
+        self._mark_busy(wid, outcome.ts)
         entry = queue.get(outcome.request_id)
         reg = self.workers.get(wid)
         if entry is None or reg is None or prev is None or entry.first_token_s is not None:
@@ -218,6 +224,10 @@ class Predictor:
             return  # smaller prompts share steps: the gap is not theirs alone
         self.fits.observe_busy(wid, reg.config_hash, entry.prompt_tokens, outcome.ts - prev,
                                now_s, entry.cached_tokens)  # fmt: skip
+
+    def _mark_busy(self, wid: WorkerId, ts: float) -> None:
+        if ts > self.busy_mark_s.get(wid, -math.inf):
+            self.busy_mark_s[wid] = ts
 
     def maintain(self, now_s: float) -> None:
         if self.controls is not None:

@@ -154,12 +154,15 @@ def parse(state: RouterState, request: web.Request, raw: bytes, chat: bool) -> P
         body.pop("max_queue_wait_s", None) or request.headers.get("x-max-queue-wait-s"),
         "max_queue_wait_s",
     )
-    if bound is None:
-        bound = workload.max_queue_wait_s  # the class's default bound
     if bound is not None and not cfg.min_queue_wait_s <= bound <= cfg.max_queue_wait_s:
         raise BadRequest(
             f"max_queue_wait_s must be within {cfg.min_queue_wait_s}–{cfg.max_queue_wait_s} s"
         )
+    if bound is None and workload.max_queue_wait_s is not None:
+        # the class's default bound, kept within the range a client may ask for: a request
+        # that names no bound is never refused for one it did not send
+        default = workload.max_queue_wait_s
+        bound = min(max(default, cfg.min_queue_wait_s), cfg.max_queue_wait_s)
     waited = _float_or_none(
         body.pop("already_waited_s", None) or request.headers.get("x-already-waited-s"),
         "already_waited_s",

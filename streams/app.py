@@ -148,14 +148,31 @@ def fits_path(settings: Settings) -> Path:
     return Path(settings.worker.data_dir) / "fits.snapshot"
 
 
+class _FitsFile(msgspec.Struct, frozen=True):
+    """``fits.snapshot``: the fits and whose they are (the ``graded`` topic they learned
+    from), so that a data directory reused with other topics never lends its fits."""
+
+    scope: str
+    fits: bytes
+
+
 def save_fits(state: WorkerState) -> Path:
     """The prefill and step fits (their sample windows), written atomically: a restarted
     worker predicts with what it had learned instead of the defaults."""
-    path = fits_path(state.settings)
+    return write_fits(fits_path(state.settings), fits_file(state))
+
+
+def fits_file(state: WorkerState) -> bytes:
+    """The snapshot's bytes (taken on the event loop; writing them may go elsewhere)."""
+    scope = state.settings.topic("graded")
+    return msgspec.msgpack.encode(_FitsFile(scope, state.predictor.fits.snapshot()))
+
+
+def write_fits(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with tmp.open("wb") as f:
-        f.write(state.predictor.fits.snapshot())
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     tmp.rename(path)
@@ -169,7 +186,10 @@ def load_fits(state: WorkerState) -> bool:
     if not path.exists():
         return False
     try:
-        state.predictor.fits.restore(path.read_bytes())
+        saved = msgspec.msgpack.decode(path.read_bytes(), type=_FitsFile)
+        if saved.scope != state.settings.topic("graded"):
+            raise ValueError(f"fits learned from {saved.scope}")
+        state.predictor.fits.restore(saved.fits)
     except (OSError, ValueError, msgspec.DecodeError) as exc:
         log.warning("ignoring fits snapshot %s (%s): learning afresh", path, exc)
         return False
@@ -235,8 +255,13 @@ def _add_join_expiry(app: faust.App, state: WorkerState, outputs: dict[str, Any]
 def _add_snapshots(app: faust.App, state: WorkerState) -> None:
     @app.timer(interval=state.settings.worker.snapshot_interval_s)
     async def snapshot_index() -> None:
-        save_fits(state)  # small: sample windows of a few hundred points per worker
-        await asyncio.get_running_loop().run_in_executor(None, state.index.save)
+        loop = asyncio.get_running_loop()
+        data = fits_file(state)  # small: sample windows of a few hundred points per worker
+        try:
+            await loop.run_in_executor(None, write_fits, fits_path(state.settings), data)
+        except OSError as exc:
+            log.warning("could not save the fits: %s", exc)
+        await loop.run_in_executor(None, state.index.save)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     def snapshot_on_shutdown(app: faust.App, **kwargs: Any) -> None:

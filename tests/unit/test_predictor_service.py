@@ -3,6 +3,7 @@ preference, no herding, idempotency, explore, and learning from cold samples."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from predictor.index import PrefixIndex
@@ -266,3 +267,32 @@ def test_small_prompts_on_a_chunked_engine_give_no_busy_samples() -> None:
         p.on_outcome(Outcome(request_id=f"s{k}", ts=0.1 * (k + 1), kind="first_token",
                              worker_id="w0", actual_ttft_s=0.1 * (k + 1)), 1.0)  # fmt: skip
     assert p.fits.describe()[0]["busy_observed"] == 0
+
+
+def test_on_a_one_sequence_engine_the_busy_gap_starts_at_the_previous_completion() -> None:
+    """A serial engine decodes a request to its end before the next prompt starts: the gap
+    from the previous first token would count that decode as prefill."""
+    index = PrefixIndex()
+    p = Predictor(index, config=PredictorConfig(explore_fraction=0.0))
+    reg = msgspec.structs.replace(
+        _reg("w0"), scheduler=SchedulerSettings(max_num_seqs=1, chunked_prefill=False)
+    )
+    index.register_worker(reg.worker_id, reg.model, reg.block_size)
+    p.on_registration(reg)
+    a, decode_s = 1e-4, 2.0
+    sizes = [1000 + 400 * k for k in range(12)]
+    for k, n in enumerate(sizes):
+        req = RouteRequest(request_id=f"q{k}", model=MODEL,
+                           token_ids=tuple(range(10_000 * k, 10_000 * k + n)))  # fmt: skip
+        p.route(req, 0.0, 0.0)
+    t = 0.0
+    for k, n in enumerate(sizes):
+        t += a * n
+        p.on_outcome(Outcome(request_id=f"q{k}", ts=t, kind="first_token", worker_id="w0",
+                             actual_ttft_s=t), t)  # fmt: skip
+        t += decode_s
+        p.on_outcome(Outcome(request_id=f"q{k}", ts=t, kind="completion", worker_id="w0",
+                             actual_ttft_s=t - decode_s, output_tokens=10, e2e_s=t), t)  # fmt: skip
+    curve = p.fits.curve("w0")
+    assert not curve.default
+    assert curve.cost_s(3000) == pytest.approx(a * 3000, rel=0.05)  # no decode in it

@@ -45,3 +45,16 @@ def test_a_bad_fits_file_means_learning_afresh(tmp_path: Path) -> None:
     fits_path(state.settings).write_bytes(b"\x00 not msgpack")
     assert not load_fits(state)
     assert state.predictor.fits.curve(WorkerId("w0")).default
+
+
+def test_fits_learned_from_other_topics_are_not_lent(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    for i in range(60):
+        n = 500 + 97 * i
+        state.predictor.fits.observe_cold(WorkerId("w0"), "c", n, A * n + B * n * n, float(i), 0)
+    save_fits(state)
+    settings = load_settings(
+        env={"FORETOKEN_WORKER_DATA_DIR": str(tmp_path), "FORETOKEN_TOPIC_PREFIX": "other-"}
+    )
+    elsewhere = WorkerState(settings)
+    assert not load_fits(elsewhere)
