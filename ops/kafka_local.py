@@ -131,6 +131,14 @@ def _java_cmd(layout: Layout, settings: Settings, main: str, *args: str) -> list
 def write_config(layout: Layout, settings: Settings) -> None:
     host, port = host_port(settings.kafka.bootstrap_servers)
     controller_port = port + 1
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, controller_port))
+        except OSError as exc:
+            raise KafkaError(
+                f"port {controller_port} (the local broker's controller listens on the bootstrap "
+                f"port + 1) is in use ({exc}); choose another bootstrap port"
+            ) from exc
     text = (OPS_KAFKA_DIR / "server.properties").read_text()
     text = text.replace("127.0.0.1:9092", f"{host}:{port}")
     text = text.replace("127.0.0.1:9093", f"{host}:{controller_port}")
