@@ -41,6 +41,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 
 from foretoken.ids import EngineBlockHash, ModelName, RequestId, WorkerId
+from foretoken.ports import free_port
 from foretoken.settings import Settings, load_settings
 from ops import kafka_local
 from ops.procs import foretoken_cmd, get_json, spawn, stop, wait_http
@@ -74,14 +75,6 @@ RATES = (50.0, 100.0, 200.0, 500.0)
 QUICK_RATES = (50.0,)
 TARGET_MS = 5.0
 SATURATED_P99_MS = 2000.0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def registrations(now: float) -> list[WorkerRegistration]:
@@ -365,7 +358,7 @@ def run(quick: bool, *, rate: float | None = None, seconds: float | None = None)
     if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
         _status, started = kafka_local.up(base)
     tmp = Path(tempfile.mkdtemp(prefix="foretoken-route-bench-"))
-    prefix, port = f"rt{uuid.uuid4().hex[:8]}-", _free_port()
+    prefix, port = f"rt{uuid.uuid4().hex[:8]}-", free_port()
     env = {
         "FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}bench",
         "FORETOKEN_WEB_PORT": str(port), "FORETOKEN_WORKER_DATA_DIR": str(tmp / "worker-data"),

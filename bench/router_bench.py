@@ -39,7 +39,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from fleet.load import RequestResult, run_load_async
 from fleet.traces import LengthDistribution, TraceRequest, synthetic_requests
 from foretoken.ids import RequestId
+from foretoken.ports import free_port
 from foretoken.settings import Settings, load_settings
 from ops import kafka_local
 from ops.procs import foretoken_cmd, get_json, spawn, stop, wait_http
@@ -102,12 +102,6 @@ QUICK = Mode(50.0, window_s=1.25, windows_per_path=2, warmup_s=1.0, unloaded_win
 
 
 # ---------------------------------------------------------------------------- the stack
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -161,7 +155,7 @@ def start_stack(tmp: Path, time_scale: float, route_timeout_s: float) -> Stack:
     started = False
     if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
         _status, started = kafka_local.up(base)
-    prefix, port = f"rb{uuid.uuid4().hex[:8]}-", _free_port()
+    prefix, port = f"rb{uuid.uuid4().hex[:8]}-", free_port()
     env = {
         "FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}bench",
         "FORETOKEN_WEB_PORT": str(port), "FORETOKEN_WORKER_DATA_DIR": str(tmp / "worker-data"),
@@ -184,7 +178,7 @@ def start_stack(tmp: Path, time_scale: float, route_timeout_s: float) -> Stack:
         stack.engines = load_engines(engines_file)
         stack.procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines_file)), env,
                                       tmp / "ingest.log")  # fmt: skip
-        router_port = _free_port()
+        router_port = free_port()
         router_env = {**env, "FORETOKEN_ROUTE_URL": stack.worker_url,
                       "FORETOKEN_ROUTE_TIMEOUT_S": str(route_timeout_s)}  # fmt: skip
         stack.procs["router"] = spawn(

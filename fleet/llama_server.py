@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.gguf_model import TinyLlamaSpec, ensure_model
+from foretoken.ports import free_port
+from foretoken.settings import load_settings
 from ops.procs import get_json, spawn, stop
 from streams.engines import EngineConfig, dump_engines
 from streams.records import SchedulerSettings
@@ -165,14 +167,6 @@ def start_servers(
     return running, configs
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     """``foretoken llama run``: start llama.cpp engines, write the engines file, wait."""
     parser = argparse.ArgumentParser(prog="foretoken llama run")
@@ -180,12 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, default=0, help="0: free ports")
     parser.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX)
     parser.add_argument("--threads", type=int, default=1, help="threads per engine")
-    parser.add_argument("--engines-out", default=".run/engines.toml")
-    parser.add_argument("--run-dir", default=".run/llama")
+    state = load_settings().state_path
+    parser.add_argument("--engines-out", default=str(state / "engines.toml"))
+    parser.add_argument("--run-dir", default=str(state / "llama"))
     args = parser.parse_args(argv)
     if args.count < 1:
         parser.error("--count must be >= 1")
-    ports = [args.base_port + i if args.base_port else _free_port() for i in range(args.count)]
+    ports = [args.base_port + i if args.base_port else free_port() for i in range(args.count)]
     cfg = LlamaServerConfig(n_ctx=args.n_ctx, n_threads=args.threads)
     spec = TinyLlamaSpec(context_length=max(TinyLlamaSpec().context_length, args.n_ctx))
     try:

@@ -38,6 +38,7 @@ from fleet.spec import EngineSpec, FleetSpec
 from fleet.tokenizer import SimTokenizer, chat_to_text
 from fleet.vllm_wire import decode_replay_request, encode_replay_stream, encode_vllm_frames
 from foretoken.ids import RequestId
+from foretoken.ports import free_port
 from streams.engines import EngineConfig
 from streams.records import DecodeError
 
@@ -348,21 +349,13 @@ async def _sse(resp: web.StreamResponse, payload: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------- the fleet
 
 
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def assign_ports(n: int, host: str, base_port: int, kv_base_port: int) -> list[Ports]:
     """Fixed ports from the bases, or free ones when a base is 0 (tests)."""
     out = []
     for i in range(n):
-        http = base_port + i if base_port else _free_port(host)
-        kv = kv_base_port + 2 * i if kv_base_port else _free_port(host)
-        replay = kv_base_port + 2 * i + 1 if kv_base_port else _free_port(host)
+        http = base_port + i if base_port else free_port(host)
+        kv = kv_base_port + 2 * i if kv_base_port else free_port(host)
+        replay = kv_base_port + 2 * i + 1 if kv_base_port else free_port(host)
         out.append(Ports(http, kv, replay))
     return out
 
@@ -451,10 +444,16 @@ async def run_fleet(
 async def _register(settings: Any, configs: list[EngineConfig]) -> None:
     from ops.kafka_local import accepts_connections
     from streams.produce import RecordProducer
+    from streams.readiness import StartupError, wait_for_topics
 
     if not accepts_connections(settings.kafka.bootstrap_servers):
         log.warning("no broker at %s: engines not registered on workers (ingest will do it)",
                     settings.kafka.bootstrap_servers)  # fmt: skip
+        return
+    try:
+        await wait_for_topics(settings, ("workers",), service="the fleet")
+    except StartupError as exc:
+        log.warning("%s: engines not registered on workers (ingest will do it)", exc)
         return
     async with RecordProducer(settings) as producer:
         for config in configs:

@@ -28,6 +28,9 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True):
     kafka_version: str = "4.1.1"
     heap: str = "-Xms256m -Xmx512m"
     start_timeout_s: float = 90.0
+    # Every service waits this long at start for its topics to exist and have leaders
+    # (streams/readiness.py), then stops with an error naming what it waited for.
+    startup_timeout_s: float = 60.0
 
 
 class TopicNames(msgspec.Struct, kw_only=True, frozen=True):
@@ -52,7 +55,11 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     app_id: str = "foretoken"
     web_host: str = "127.0.0.1"
     web_port: int = 6066
-    data_dir: str = ".run/worker"
+    # Snapshots (index, fits) and Faust's own files; empty = <state_dir>/worker/<app_id>.
+    # A relative path is taken from the working directory; parents are created.
+    data_dir: str = ""
+    # Create missing topics at start (the local default); false = only wait for them.
+    create_topics: bool = True
     log_level: Literal["crit", "error", "warn", "info", "debug"] = "warn"
     # The cache index is snapshotted this often (plus on a clean stop).
     snapshot_interval_s: float = 10.0
@@ -187,7 +194,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     wire_format: Literal["json", "msgpack"] = "json"
     state_dir: str = "~/.local/state/foretoken"
     cache_dir: str = "~/.cache/foretoken"
-    # Where the shipped traces live (empty: ../shared/traces beside the project).
+    # Where the traces live (empty: the ones shipped in the repository, data/traces).
     traces_dir: str = ""
 
     def topic(self, name: str) -> str:
@@ -210,6 +217,13 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
         return Path(self.state_dir).expanduser()
 
     @property
+    def worker_data_path(self) -> Path:
+        """The worker's data directory (snapshots, Faust's files), absolute."""
+        if self.worker.data_dir:
+            return Path(self.worker.data_dir).expanduser().resolve()
+        return (self.state_path / "worker" / self.worker.app_id).resolve()
+
+    @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser()
 
@@ -225,6 +239,8 @@ ENV_VARS: dict[str, str] = {
     "FORETOKEN_WEB_HOST": "worker.web_host",
     "FORETOKEN_WEB_PORT": "worker.web_port",
     "FORETOKEN_WORKER_DATA_DIR": "worker.data_dir",
+    "FORETOKEN_CREATE_TOPICS": "worker.create_topics",
+    "FORETOKEN_STARTUP_TIMEOUT_S": "kafka.startup_timeout_s",
     "FORETOKEN_LOG_LEVEL": "worker.log_level",
     "FORETOKEN_SNAPSHOT_INTERVAL_S": "worker.snapshot_interval_s",
     "FORETOKEN_WIRE_FORMAT": "wire_format",

@@ -20,19 +20,12 @@ import numpy as np
 
 from fleet.gguf_model import TinyLlamaSpec
 from fleet.llama_server import LlamaServerConfig, RunningLlama, start_servers
+from foretoken.ports import free_port
 from ops.procs import foretoken_cmd, get_json, spawn, stop, wait_http
 from streams.engines import EngineConfig, dump_engines
 
 START_S = 120.0
 ALPHABET = string.ascii_lowercase + " "
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

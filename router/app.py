@@ -414,6 +414,7 @@ async def healthz(request: web.Request) -> web.Response:
         "status": "ok", "kafka_connected": state.publisher.connected,
         "buffered": state.publisher.queue.qsize(), "dropped": state.publisher.dropped,
         "published": state.publisher.published,
+        "missing_topics": state.publisher.missing_topics,
     })  # fmt: skip
 
 

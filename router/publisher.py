@@ -17,10 +17,12 @@ from aiokafka.errors import KafkaError
 
 from foretoken.settings import Settings
 from streams.produce import LINGER_MS, record_key
+from streams.readiness import StartupError, wait_for_topics
 from streams.records import Record, encode
 
 log = logging.getLogger(__name__)
 RECONNECT_S = 1.0
+PUBLISHED_TOPICS = ("grants", "outcomes")
 
 
 class Publisher:
@@ -31,6 +33,8 @@ class Publisher:
         self.published = 0
         self.failed_sends = 0
         self.connected = False
+        # Topics this router writes that the broker does not have (checked on connect).
+        self.missing_topics: list[str] = []
         self._task: asyncio.Task[None] | None = None
 
     def put(self, logical: str, record: Record) -> bool:
@@ -62,6 +66,7 @@ class Publisher:
             try:
                 await producer.start()
                 self.connected = True
+                await self._check_topics()
                 await self._drain(producer)
             except KafkaError as exc:
                 log.warning("kafka unavailable (%s); buffering %d records", exc, self.queue.qsize())
@@ -70,6 +75,17 @@ class Publisher:
                 with contextlib.suppress(Exception):
                     await producer.stop()
             await asyncio.sleep(RECONNECT_S)
+
+    async def _check_topics(self) -> None:
+        """Say clearly, once per connection, when a topic this router writes is missing
+        (records wait in the buffer meanwhile; ``/healthz`` lists them)."""
+        try:
+            await wait_for_topics(self.settings, PUBLISHED_TOPICS, service="the router",
+                                  timeout_s=0.0)  # fmt: skip
+            self.missing_topics = []
+        except StartupError as exc:
+            self.missing_topics = exc.topics
+            log.error("%s (grants and outcomes wait in the buffer)", exc)
 
     async def _drain(self, producer: AIOKafkaProducer) -> None:
         fmt = self.settings.wire_format

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -141,11 +142,11 @@ class WorkerState:
 
 
 def snapshot_path(settings: Settings) -> Path:
-    return Path(settings.worker.data_dir) / "index.snapshot"
+    return settings.worker_data_path / "index.snapshot"
 
 
 def fits_path(settings: Settings) -> Path:
-    return Path(settings.worker.data_dir) / "fits.snapshot"
+    return settings.worker_data_path / "fits.snapshot"
 
 
 class _FitsFile(msgspec.Struct, frozen=True):
@@ -207,7 +208,7 @@ def create_app(
         topic_partitions=settings.layout.partitions,
         web_host=settings.worker.web_host,
         web_port=settings.worker.web_port,
-        datadir=settings.worker.data_dir,
+        datadir=str(settings.worker_data_path),
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         broker_session_timeout=settings.worker.session_timeout_s,
@@ -392,17 +393,32 @@ def _add_pages(app: faust.App, state: WorkerState) -> None:
 
 
 def run_worker(settings: Settings) -> None:
-    """Run the Faust worker in the foreground (``foretoken worker``)."""
+    """Run the Faust worker in the foreground (``foretoken worker``).
+
+    Start-up cannot race a fresh broker or fresh topics: the topics are created when
+    ``worker.create_topics`` says so, then waited for (they exist, every partition has a
+    leader: ``streams.readiness``), and only then is the group rewound and Faust started.
+    A failure says what it waited for and exits with status 1."""
 
     from streams.offsets import rewind_group
+    from streams.readiness import StartupError, wait_for_topics
     from streams.topics import ensure_topics
 
-    asyncio.run(ensure_topics(settings))
-    keeper = IndexKeeper.load(settings.topic("kv_events"), snapshot_path(settings))
-    group = settings.worker.app_id
-    # Rebuild in-memory state: every registration, and the KV batches the snapshot lacks.
-    asyncio.run(rewind_group(settings, group, settings.topic("workers"), None))
-    asyncio.run(rewind_group(settings, group, settings.topic("kv_events"), keeper.next_offsets()))
+    settings.worker_data_path.mkdir(parents=True, exist_ok=True)
+    try:
+        if settings.worker.create_topics:
+            asyncio.run(ensure_topics(settings, settings.kafka.startup_timeout_s))
+        topics = (*INPUT_TOPICS, "dead_letter", "controls")
+        partitions = asyncio.run(wait_for_topics(settings, topics, service="the worker"))
+        keeper = IndexKeeper.load(settings.topic("kv_events"), snapshot_path(settings))
+        group = settings.worker.app_id
+        # Rebuild in-memory state: every registration, and the KV batches the snapshot lacks.
+        for logical, offsets in (("workers", None), ("kv_events", keeper.next_offsets())):
+            name = settings.topic(logical)
+            asyncio.run(rewind_group(settings, group, name, partitions[name], offsets))
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
     app, state = create_app(settings, keeper)
     if load_fits(state):
         log.info("restored the fits from %s", fits_path(settings))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -34,11 +35,14 @@ from streams.engine_events import (
 )
 from streams.engines import EngineConfig
 from streams.produce import RecordProducer
+from streams.readiness import StartupError, wait_for_topics
 from streams.records import DeadLetter, DecodeError, IndexReset, KvEventBatch
 
 log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_S = 2.0
+# What ingest writes: registrations, KV batches, undecodable frames.
+INGEST_TOPICS = ("workers", "kv_events", "dead_letter")
 METRICS_TIMEOUT_S = 2.0
 BLOCK_SIZE_RE = re.compile(r'cache_config_info\{[^}]*block_size="(\d+)"')
 
@@ -203,6 +207,7 @@ class Ingest:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
+        await wait_for_topics(self.settings, INGEST_TOPICS, service="ingest")
         async with RecordProducer(self.settings) as producer:
             for engine in self.all_engines:
                 self._check_block_size(engine)
@@ -273,4 +278,8 @@ def run_ingest(settings: Settings, engines: list[EngineConfig], metrics_port: in
     ingest = Ingest(settings, engines)
     if metrics_port:
         start_http_server(metrics_port, addr="127.0.0.1", registry=ingest.metrics.registry)
-    asyncio.run(ingest.run())
+    try:
+        asyncio.run(ingest.run())
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc

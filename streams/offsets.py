@@ -16,32 +16,48 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from foretoken.settings import Settings
+from streams.readiness import StartupError
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0
 
 
 async def rewind_group(
-    settings: Settings, group_id: str, topic: str, next_offsets: dict[int, int] | None
+    settings: Settings,
+    group_id: str,
+    topic: str,
+    partitions: set[int],
+    next_offsets: dict[int, int] | None,
 ) -> dict[int, int]:
     """Commit ``next_offsets`` (partition → next offset to read; missing partitions → 0, the
-    start of the topic) for ``group_id`` on ``topic``. Returns what was committed.
+    start of the topic) for ``group_id`` on ``topic``'s ``partitions`` (as
+    :func:`streams.readiness.wait_for_topics` found them: never empty). Returns what was
+    committed.
 
     After a hard kill the dead member stays in the group until its session times out, and
     the broker refuses the commit until then: retry for up to twice the session timeout."""
+    if not partitions:
+        raise StartupError(f"no partitions known for {topic}: nothing to rewind")
     deadline = asyncio.get_running_loop().time() + 2 * settings.worker.session_timeout_s
     while True:
         try:
-            return await _commit(settings, group_id, topic, next_offsets)
+            return await _commit(settings, group_id, topic, partitions, next_offsets)
         except KafkaError as exc:
             if asyncio.get_running_loop().time() > deadline:
-                raise
+                raise StartupError(
+                    f"could not set the offsets of group {group_id} on {topic} within "
+                    f"{2 * settings.worker.session_timeout_s:.0f} s: {exc}"
+                ) from exc
             log.warning("group %s busy (%s): retrying the rewind", group_id, exc)
             await asyncio.sleep(RETRY_S)
 
 
 async def _commit(
-    settings: Settings, group_id: str, topic: str, next_offsets: dict[int, int] | None
+    settings: Settings,
+    group_id: str,
+    topic: str,
+    partitions: set[int],
+    next_offsets: dict[int, int] | None,
 ) -> dict[int, int]:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.kafka.bootstrap_servers,
@@ -50,10 +66,6 @@ async def _commit(
     )
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions is None:
-            await consumer._client.force_metadata_update()  # first contact with this topic
-            partitions = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
         beginning = await consumer.beginning_offsets(tps)

@@ -9,6 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from foretoken.settings import Settings
+from streams.readiness import StartupError
 
 TOPIC_EXISTS_ERROR_CODE = TopicAlreadyExistsError.errno
 ADMIN_RETRY_S = 0.5
@@ -49,10 +50,13 @@ async def ensure_topics(settings: Settings, timeout_s: float = 60.0) -> list[str
         try:
             await admin.start()
             break
-        except KafkaConnectionError:
+        except KafkaConnectionError as exc:
             await admin.close()
             if asyncio.get_running_loop().time() > deadline:
-                raise
+                raise StartupError(
+                    f"no Kafka broker answered on {settings.kafka.bootstrap_servers} within "
+                    f"{timeout_s:.0f} s ({exc}); start one with `foretoken kafka up`"
+                ) from exc
             await asyncio.sleep(ADMIN_RETRY_S)
     try:
         existing = set(await admin.list_topics())

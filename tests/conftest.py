@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,15 +14,37 @@ from pathlib import Path
 
 import pytest
 
+from foretoken.ports import free_port
 from foretoken.settings import Settings, load_settings
 
+__all__ = ["free_port"]
 WORKER_START_S = 120.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@dataclass(frozen=True)
+class PrivateBroker:
+    """A broker of a test's own: its own port pair and state dir, started from nothing."""
+
+    config: Path
+    bootstrap: str
+    env: dict[str, str]
+
+    def cli(self, *args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "foretoken.cli", *args, "-c", str(self.config)],
+            env=self.env, capture_output=True, text=True, timeout=timeout_s, check=False,
+        )  # fmt: skip
+
+
+def private_broker_config(tmp: Path) -> PrivateBroker:
+    """Settings for a private broker (not started): port P and controller P + 1 free."""
+    port = free_port(count=2)
+    config = tmp / "kafka.toml"
+    config.write_text(
+        f'state_dir = "{tmp / "state"}"\n[kafka]\nbootstrap_servers = "127.0.0.1:{port}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    return PrivateBroker(config, f"127.0.0.1:{port}", env)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,21 +29,8 @@ def _java_processes_using(marker: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "java" in line and marker in line]
 
 
-def _free_port_pair() -> int:
-    """A port P with P + 1 free too: the local broker's controller listens on P + 1."""
-    for _ in range(100):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two adjacent free ports")
-
-
 def test_up_twice_is_harmless_and_down_leaves_no_java(tmp_path: Path) -> None:
-    port = _free_port_pair()
+    port = free_port(count=2)  # the local broker's controller listens on P + 1
     cfg = tmp_path / "kafka.toml"
     cfg.write_text(
         f'state_dir = "{tmp_path / "state"}"\n[kafka]\nbootstrap_servers = "127.0.0.1:{port}"\n'
