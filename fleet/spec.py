@@ -18,7 +18,7 @@ A fleet file is TOML with one ``[[engines]]`` entry per engine (or per template)
     [engines.kv]                        # capacity per tier, in blocks
     gpu_blocks = 2048
     cpu_blocks = 0                      # 0 = no CPU offload tier
-    # shared_blocks = 8192              # optional shared/remote tier
+    # shared_blocks = 8192              # optional shared (remote) tier
 
     [engines.scheduler]                 # what the engine reports (streams.records)
     max_num_batched_tokens = 2048

@@ -73,12 +73,16 @@ class TraceFormatError(ValueError):
     """A trace file that cannot be read, with the file and line in the message."""
 
 
+# The traces shipped in the repository (data/traces, with their licenses and a README).
+SHIPPED_TRACES_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
+
+
 def traces_dir() -> Path:
-    """``$FORETOKEN_TRACES_DIR``, else ``../shared/traces`` next to the repository root."""
+    """``$FORETOKEN_TRACES_DIR``, else the repository's own ``data/traces``."""
     override = os.environ.get(TRACES_DIR_ENV)
     if override:
         return Path(override).expanduser()
-    return Path(__file__).resolve().parents[2] / "shared" / "traces"
+    return SHIPPED_TRACES_DIR
 
 
 def default_trace_path(name: str) -> Path:

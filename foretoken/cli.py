@@ -117,7 +117,9 @@ def fleet_run(
     base_port: int = typer.Option(8100, help="HTTP port of the first engine (0: free ports)."),
     kv_base_port: int = typer.Option(5557, help="First KV-event PUB port (0: free ports)."),
     time_scale: float = typer.Option(1.0, help="Wall seconds per simulated second."),
-    engines_out: str = typer.Option(".run/engines.toml", help="Write the engines file here."),
+    engines_out: str | None = typer.Option(
+        None, help="Write the engines file here (default: <state_dir>/engines.toml)."
+    ),
     register: bool = typer.Option(True, help="Register the engines on the workers topic."),
     advertise_host: str | None = typer.Option(None, help="Host name others reach us by."),
     config: str | None = ConfigOpt,
@@ -135,17 +137,20 @@ def fleet_run(
     except FleetSpecError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    settings = _settings(config) if register else None
+    settings = _settings(config)
+    out = Path(engines_out) if engines_out else settings.state_path / "engines.toml"
     asyncio.run(
         run_fleet(spec, host=host, base_port=base_port, kv_base_port=kv_base_port,
-                  time_scale=time_scale, engines_out=Path(engines_out), settings=settings,
-                  advertise_host=advertise_host)
+                  time_scale=time_scale, engines_out=out,
+                  settings=settings if register else None, advertise_host=advertise_host)
     )  # fmt: skip
 
 
 @app.command()
 def router(
-    engines: str = typer.Option(".run/engines.toml", "--engines", "-e", help="Engines file."),
+    engines: str | None = typer.Option(
+        None, "--engines", "-e", help="Engines file (default: <state_dir>/engines.toml)."
+    ),
     host: str | None = typer.Option(None, help="Listen address (default: settings)."),
     port: int | None = typer.Option(None, help="Listen port (default: settings)."),
     config: str | None = ConfigOpt,
@@ -156,7 +161,7 @@ def router(
 
     settings = _settings(config)
     try:
-        listed = load_engines(engines)
+        listed = load_engines(engines or settings.state_path / "engines.toml")
     except EnginesConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
@@ -367,27 +372,29 @@ def report(
     """The grades of a lake (PRODUCT.md §4): accuracy, bounds, false alarms, cache."""
     import json
 
-    from rich.console import Console
-
-    from grading.report import render
+    from grading.report import output_console, render
     from grading.report import report as build
 
     summary = build(lake)
     if as_json:
         print(json.dumps(summary, indent=1, default=str))
     else:
-        render(summary, Console())
+        render(summary, output_console())
 
 
 @app.command()
 def sql(
     query: str | None = typer.Argument(None, help="One query; none: an interactive shell."),
-    lake: str = typer.Option(".run/lake", help="The grading lake directory."),
+    lake: str | None = typer.Option(
+        None, help="The grading lake directory (default: the demo's, <state_dir>/demo/lake)."
+    ),
+    config: str | None = ConfigOpt,
 ) -> None:
     """DuckDB with the views of sql/ over the lake attached."""
     from grading.report import sql_shell
 
-    raise typer.Exit(sql_shell(lake, query))
+    where = lake or str(_settings(config).state_path / "demo" / "lake")
+    raise typer.Exit(sql_shell(where, query))
 
 
 @app.command()
@@ -415,6 +422,7 @@ def demo(
     keep: bool = typer.Option(False, help="Leave the broker and worker running afterwards."),
     dashboard: bool = typer.Option(True, help="Leave the dashboard running on the lake."),
     engines: str = typer.Option("sim", help="sim: the simulated fleet; llama: real llama.cpp."),
+    quick: bool = typer.Option(False, help="A short slice (the CI smoke run, under 3 min)."),
 ) -> None:
     """Broker, worker and a sample of every record: shows the pipeline consuming them."""
     if engines == "llama":
@@ -426,7 +434,7 @@ def demo(
         raise typer.Exit(2)
     from ops.demo import run_demo
 
-    raise typer.Exit(run_demo(_settings(config), keep=keep, dashboard=dashboard))
+    raise typer.Exit(run_demo(_settings(config), keep=keep, dashboard=dashboard, quick=quick))
 
 
 @app.command()

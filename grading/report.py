@@ -21,6 +21,7 @@ from typing import Any, Final
 import duckdb
 import polars as pl
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from grading import false_alarms
@@ -37,6 +38,34 @@ SHELL_MAX_ROWS: Final = 200
 SHELL_DIGITS: Final = 6  # significant digits of a float in the shell
 PROMPT: Final = "sql> "
 QUIT: Final = (".quit", ".exit", r"\q")
+# Output that is not a terminal (CI logs, `| tee`, `| cat`): rich would squeeze every table
+# into 80 columns and cut its headers; there each table is printed at its natural width.
+PIPED_WIDTH: Final = 160  # for text that is not a table
+MAX_TABLE_WIDTH: Final = 1000
+
+
+def output_console(stderr: bool = False) -> Console:
+    """A console for reports: the terminal's width on a terminal; when piped, plain text
+    (no colours) and tables at their natural width (:func:`print_table`)."""
+    probe = Console(stderr=stderr)
+    if probe.is_terminal:
+        return probe
+    return Console(stderr=stderr, width=PIPED_WIDTH, no_color=True)
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print a table; when the output is not a terminal, as wide as it needs to be."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = Measurement.get(console, console.options.update(width=MAX_TABLE_WIDTH), table)
+    width = max(console.width, min(natural.maximum, MAX_TABLE_WIDTH))
+    before = console.width  # Console.print never goes wider than its console
+    console.width = width
+    try:
+        console.print(table)
+    finally:
+        console.width = before
 
 
 # --------------------------------------------------------------------------- report
@@ -227,16 +256,19 @@ def _sources_table(summary: Mapping[str, Any]) -> Table:
 
 def render(summary: Mapping[str, Any], console: Console) -> None:
     """Print a :func:`report` summary as rich tables."""
-    console.print(_headline(summary))
-    console.print(_bounds_table(summary))
-    console.print(_cache_table(summary))
-    console.print(_sources_table(summary))
-    console.print(_accuracy_table("per model", ["model"], summary["by_model"]))
-    console.print(_accuracy_table("per worker", ["model", "worker_id"], summary["by_worker"]))
-    console.print(_accuracy_table("per workload class", ["workload_class"], summary["by_class"]))
     hours = summary["by_hour"]
     title = "per hour" if len(hours) <= RENDERED_HOURS else f"per hour (last {RENDERED_HOURS})"
-    console.print(_accuracy_table(title, ["hour"], hours[-RENDERED_HOURS:]))
+    for table in (
+        _headline(summary),
+        _bounds_table(summary),
+        _cache_table(summary),
+        _sources_table(summary),
+        _accuracy_table("per model", ["model"], summary["by_model"]),
+        _accuracy_table("per worker", ["model", "worker_id"], summary["by_worker"]),
+        _accuracy_table("per workload class", ["workload_class"], summary["by_class"]),
+        _accuracy_table(title, ["hour"], hours[-RENDERED_HOURS:]),
+    ):
+        print_table(console, table)
 
 
 # --------------------------------------------------------------------------- shell
@@ -266,7 +298,7 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, console: Console) -> bool:
     except duckdb.Error as exc:
         console.print(f"[red]{type(exc).__name__}: {exc}[/red]")
         return False
-    console.print(frame_table(frame))
+    print_table(console, frame_table(frame))
     return True
 
 
@@ -280,7 +312,7 @@ def sql_shell(
     """Run ``sql`` on the lake's views and print it; without ``sql``, read queries one
     line at a time until ``.quit`` (or end of input); ``.views`` lists the views.
     Returns 0, or 1 when the one query failed (an exit status for the CLI)."""
-    out = console or Console()
+    out = console or output_console()
     con = connect(lake_dir)
     try:
         if sql is not None:

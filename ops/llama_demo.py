@@ -18,24 +18,23 @@ import random
 import statistics
 import time
 import uuid
-from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from bench.real_engine_bench import FULL, _mixed_async, curve_at, engine_curve, grade_mixed, learn
 from fleet.llama_server import LlamaServerConfig
+from foretoken.ports import in_use
 from foretoken.settings import Settings, load_settings
+from grading.report import output_console, print_table
 from ops import kafka_local
 from ops.llama_stack import LlamaStack, start_llama_stack
 from streams.graded_reader import read_graded
 from streams.topics import ensure_topics
 
-RUN_DIR = Path(".run/demo-llama")
 ROUTER_PORT = 8000
 ENGINES = 2
 DEMO = dataclasses.replace(FULL, repeats=1)
-console = Console()
+console = output_console()
 
 
 def run_llama_demo(settings: Settings, keep: bool = False) -> int:
@@ -48,10 +47,11 @@ def run_llama_demo(settings: Settings, keep: bool = False) -> int:
     demo_settings = load_settings(env={**os.environ, **env})
     asyncio.run(ensure_topics(demo_settings))
     stack: LlamaStack | None = None
+    run_dir = settings.state_path / "demo-llama"
     try:
-        port = None if _busy(ROUTER_PORT) else ROUTER_PORT
+        port = None if in_use("127.0.0.1", ROUTER_PORT) else ROUTER_PORT
         cfg = LlamaServerConfig(n_ctx=DEMO.n_ctx)
-        stack = start_llama_stack(env, RUN_DIR, count=ENGINES, cfg=cfg, router_port=port)
+        stack = start_llama_stack(env, run_dir, count=ENGINES, cfg=cfg, router_port=port)
         console.print(f"{ENGINES} llama.cpp engines, worker, ingest, router: up "
                       f"(router {stack.router_url}/v1, model {stack.model})")  # fmt: skip
         rng = random.Random(0)
@@ -71,7 +71,7 @@ def run_llama_demo(settings: Settings, keep: bool = False) -> int:
         graded = asyncio.run(read_graded(demo_settings, 60.0, idle_s=8.0))
         _show_accuracy(grade_mixed(graded, mixed["kinds"]), mixed["failed"])
         console.print(f"\nrouter: {stack.router_url}/v1  ·  worker: {stack.worker_url}/v1/fits"
-                      f"  ·  logs: {RUN_DIR}/")  # fmt: skip
+                      f"  ·  logs: {run_dir}/")  # fmt: skip
         if keep:
             console.print("[bold]--keep[/bold]: everything keeps running; Ctrl-C to stop.")
             while True:
@@ -84,13 +84,6 @@ def run_llama_demo(settings: Settings, keep: bool = False) -> int:
             stack.stop_all()
         if started_broker:
             kafka_local.down(settings)
-
-
-def _busy(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _show_fits(stack: LlamaStack, measured: dict[str, dict[str, float]]) -> None:
@@ -107,7 +100,7 @@ def _show_fits(stack: LlamaStack, measured: dict[str, dict[str, float]]) -> None
             row.append(f"{curve_at(float(fit['a']), float(fit['b']), n):.2f} s")  # type: ignore[arg-type]
             row.append(f"{curve_at(m['a'], m['b'], n):.2f} s" if m else "-")
         table.add_row(*row)
-    console.print(table)
+    print_table(console, table)
 
 
 def _show_accuracy(accuracy: dict[str, dict[str, float]], failed: int) -> None:
@@ -121,6 +114,6 @@ def _show_accuracy(accuracy: dict[str, dict[str, float]], failed: int) -> None:
         table.add_row(kind, str(a["served"]), f"{100 * a['share_within']:.0f}%",
                       f"{a['abs_error_p50_s']:.2f} s", f"{a['abs_error_p90_s']:.2f} s",
                       f"{a['actual_ttft_p50_s']:.2f} s")  # fmt: skip
-    console.print(table)
+    print_table(console, table)
     if failed:
         console.print(f"[red]{failed} requests failed[/red]")

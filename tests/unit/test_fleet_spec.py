@@ -18,7 +18,7 @@ from fleet.spec import (
 )
 from streams.records import U64_MASK
 
-# The Mooncake trace's largest prompt + output, in tokens (measured on ../shared/traces).
+# The Mooncake trace's largest prompt + output, in tokens (measured on data/traces).
 MOONCAKE_LONGEST_TOKENS = 126_527
 
 ENGINE = """

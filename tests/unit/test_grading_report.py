@@ -4,6 +4,8 @@ test_grading_sql.py (its numbers are worked out there)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +53,34 @@ def test_render_prints_every_section(lake: Path) -> None:
     for expected in ("within 1 s", "28.6%", "per bound B", "cache disagreement", "per model",
                      "per worker", "per workload class", "per hour", "2025-01-01T01"):  # fmt: skip
         assert expected in text
+
+
+HEADERS = ("false alarms: explore [95%]", "false alarms: model [95%]", "pred>B act≤B",
+           "≤1 s disagreeing", "reuse unknown", "p99 |err|", "same side")  # fmt: skip
+
+
+def test_piped_report_prints_every_column_header_whole(lake: Path) -> None:
+    """``foretoken report --lake L | cat``: not a terminal, so no 80-column squeeze."""
+    out = subprocess.run(
+        [sys.executable, "-m", "foretoken.cli", "report", "--lake", str(lake)],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert "…" not in out
+    for header in HEADERS:
+        assert header in out, header
+    assert "\x1b[" not in out  # plain text, no colour codes
+
+
+def test_narrow_console_squeezes_headers_which_is_why_piped_output_is_wide(lake: Path) -> None:
+    console = Console(record=True, width=80)
+    console.print(_bounds(lake))
+    assert "…" in console.export_text()  # what `| cat` printed before
+
+
+def _bounds(lake: Path) -> object:
+    from grading.report import _bounds_table
+
+    return _bounds_table(report(lake, draws=50))
 
 
 @pytest.fixture()

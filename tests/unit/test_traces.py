@@ -59,12 +59,13 @@ def block(request: TraceRequest, index: int) -> np.ndarray:
 # ---------------------------------------------------------------------------- paths
 
 
-def test_traces_dir_defaults_next_to_repo_and_env_overrides(
+def test_traces_dir_defaults_to_the_repositorys_data_and_env_overrides(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv(TRACES_DIR_ENV, raising=False)
     repo_root = Path(__file__).resolve().parents[2]
-    assert traces_dir() == repo_root.parent / "shared" / "traces"
+    assert traces_dir() == repo_root / "data" / "traces"
+    assert (traces_dir() / MOONCAKE_FILE).is_file()  # shipped in the repository
     monkeypatch.setenv(TRACES_DIR_ENV, str(tmp_path))
     assert default_trace_path(MOONCAKE_FILE) == tmp_path / MOONCAKE_FILE
 
