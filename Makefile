@@ -17,16 +17,16 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # llama-cpp-python (the `llama` extra) compiles llama.cpp from PyPI's sdist: built once into
-# ~/.cache/foretoken/wheels (ops/llama_wheel.py), then installed from there.
+# ~/.cache/foretoken/wheels (foretoken/ops/llama_wheel.py), then installed from there.
 llama: setup
-	$(BIN)/python ops/llama_wheel.py
+	$(BIN)/python -m foretoken.ops.llama_wheel
 
 # Unit and integration suites; starts a broker when none answers and stops what it started.
 # A llama-cpp-python build, when needed, starts in the background first; the llama.cpp
 # integration test (run last) waits for it.
 test: setup
-	@$(BIN)/python ops/llama_wheel.py --background
-	@ops/with-kafka.sh $(BIN)/pytest -q -p no:cacheprovider tests
+	@$(BIN)/python -m foretoken.ops.llama_wheel --background
+	@foretoken/ops/with-kafka.sh $(BIN)/pytest -q -p no:cacheprovider tests
 
 unit: setup
 	$(BIN)/pytest -q -m "not integration" tests
@@ -34,7 +34,7 @@ unit: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy foretoken streams predictor grading dashboards router fleet ops bench tests
+	$(BIN)/mypy foretoken tests
 
 # `make demo ENGINES=llama`: real llama.cpp engines instead of the simulated fleet.
 ENGINES ?= sim
@@ -43,7 +43,7 @@ demo: setup
 	$(BIN)/foretoken demo --engines $(ENGINES)
 
 bench: setup llama
-	@ops/with-kafka.sh $(BIN)/foretoken bench all
+	@foretoken/ops/with-kafka.sh $(BIN)/foretoken bench all
 
 kafka-up: setup
 	$(BIN)/foretoken kafka up

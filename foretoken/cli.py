@@ -37,7 +37,7 @@ def _settings(config: str | None) -> Settings:
 @kafka_app.command("up")
 def kafka_up(config: str | None = ConfigOpt) -> None:
     """Start the local broker (fetching its jars once); harmless when one is running."""
-    from ops.kafka_local import KafkaError, up
+    from foretoken.ops.kafka_local import KafkaError, up
 
     try:
         st, started = up(_settings(config))
@@ -52,7 +52,7 @@ def kafka_up(config: str | None = ConfigOpt) -> None:
 @kafka_app.command("down")
 def kafka_down(config: str | None = ConfigOpt) -> None:
     """Stop the local broker cleanly."""
-    from ops.kafka_local import down
+    from foretoken.ops.kafka_local import down
 
     stopped = down(_settings(config))
     console.print("stopped the local broker" if stopped else "no local broker was running")
@@ -61,7 +61,7 @@ def kafka_down(config: str | None = ConfigOpt) -> None:
 @kafka_app.command("status")
 def kafka_status(config: str | None = ConfigOpt) -> None:
     """Say whether a broker answers, and whether foretoken started it."""
-    from ops.kafka_local import status
+    from foretoken.ops.kafka_local import status
 
     st = status(_settings(config))
     print(st.describe())
@@ -71,7 +71,7 @@ def kafka_status(config: str | None = ConfigOpt) -> None:
 @topics_app.command("create")
 def topics_create(config: str | None = ConfigOpt) -> None:
     """Create every topic of PRODUCT.md §2 that does not exist yet."""
-    from streams.topics import ensure_topics, topic_specs
+    from foretoken.adapters.kafka.topics import ensure_topics, topic_specs
 
     settings = _settings(config)
     created = asyncio.run(ensure_topics(settings))
@@ -84,7 +84,7 @@ def topics_create(config: str | None = ConfigOpt) -> None:
 @app.command()
 def worker(config: str | None = ConfigOpt) -> None:
     """Run the Faust worker (agents over every input topic, /healthz, /metrics)."""
-    from streams.app import run_worker
+    from foretoken.adapters.kafka.app import run_worker
 
     settings = _settings(config)
     sys.argv = [sys.argv[0]]  # Faust's worker reads argv; ours is already parsed
@@ -98,8 +98,8 @@ def ingest(
     config: str | None = ConfigOpt,
 ) -> None:
     """Engines' ZMQ KV events → normalized batches on kv-events; engines → workers."""
-    from streams.engines import EnginesConfigError, load_engines
-    from streams.ingest import run_ingest
+    from foretoken.adapters.engines.engines_file import EnginesConfigError, load_engines
+    from foretoken.adapters.engines.ingest import run_ingest
 
     settings = _settings(config)
     try:
@@ -128,8 +128,8 @@ def fleet_run(
     import logging
     from pathlib import Path
 
-    from fleet.server import run_fleet
-    from fleet.spec import FleetSpecError, load_fleet
+    from foretoken.sim.live.server import run_fleet
+    from foretoken.sim.spec import FleetSpecError, load_fleet
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     try:
@@ -156,8 +156,8 @@ def router(
     config: str | None = ConfigOpt,
 ) -> None:
     """The OpenAI-compatible router: route, admit or 429, publish grants and outcomes."""
-    from router.app import run_router
-    from streams.engines import EnginesConfigError, load_engines
+    from foretoken.adapters.engines.engines_file import EnginesConfigError, load_engines
+    from foretoken.adapters.http.router.app import run_router
 
     settings = _settings(config)
     try:
@@ -171,7 +171,7 @@ def router(
 def _bench(names: list[str], quick: bool) -> None:
     import json
 
-    from bench.run import run
+    from foretoken.bench.run import run
 
     for report in run(names, quick):
         print(json.dumps(report))
@@ -180,7 +180,7 @@ def _bench(names: list[str], quick: bool) -> None:
 @bench_app.command("all")
 def bench_all(quick: bool = typer.Option(False, help="Small sizes, for a smoke run.")) -> None:
     """Every benchmark, one JSON object per line."""
-    from bench.run import BENCHMARKS
+    from foretoken.bench.run import BENCHMARKS
 
     _bench(list(BENCHMARKS), quick)
 
@@ -214,7 +214,7 @@ def replay(
     config: str | None = ConfigOpt,
 ) -> None:
     """Replay a trace on a simulated fleet in virtual time; summary as JSON."""
-    from fleet.commands import dumps, replay_command
+    from foretoken.sim.commands import dumps, replay_command
 
     settings = _settings(config)
     try:
@@ -247,7 +247,7 @@ def load(
     progress: bool = typer.Option(True),
 ) -> None:
     """Replay a trace's arrivals against any OpenAI-compatible endpoint; results as JSON."""
-    from fleet.commands import dumps, load_command
+    from foretoken.sim.commands import dumps, load_command
 
     try:
         summary = load_command(
@@ -305,7 +305,7 @@ def bench_real_engine(
 def llama_run(ctx: typer.Context) -> None:
     """Start llama.cpp engines on the generated tiny GGUF and write their engines file
     (options: --count, --base-port, --n-ctx, --threads, --engines-out, --run-dir)."""
-    from fleet.llama_server import main as llama_main
+    from foretoken.sim.live.llama_server import main as llama_main
 
     raise typer.Exit(llama_main(list(ctx.args)))
 
@@ -345,7 +345,7 @@ def bench_client(
     highest step meeting a P95 target, and replica sizing. Table on stderr, JSON on stdout."""
     import json
 
-    from bench.client_bench import ClientBenchConfig, render, run_client_bench
+    from foretoken.bench.client_bench import ClientBenchConfig, render, run_client_bench
 
     try:
         cfg = ClientBenchConfig(
@@ -372,8 +372,8 @@ def report(
     """The grades of a lake (PRODUCT.md §4): accuracy, bounds, false alarms, cache."""
     import json
 
-    from grading.report import output_console, render
-    from grading.report import report as build
+    from foretoken.adapters.lake.report import output_console, render
+    from foretoken.adapters.lake.report import report as build
 
     summary = build(lake)
     if as_json:
@@ -391,7 +391,7 @@ def sql(
     config: str | None = ConfigOpt,
 ) -> None:
     """DuckDB with the views of sql/ over the lake attached."""
-    from grading.report import sql_shell
+    from foretoken.adapters.lake.report import sql_shell
 
     where = lake or str(_settings(config).state_path / "demo" / "lake")
     raise typer.Exit(sql_shell(where, query))
@@ -407,7 +407,7 @@ def dashboard(
     import os
     from pathlib import Path
 
-    app_path = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
+    app_path = Path(__file__).resolve().parent / "adapters" / "dashboard" / "app.py"
     args = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless",
             "true", "--server.port", str(port), "--browser.gatherUsageStats", "false",
             "--", "--lake", lake]  # fmt: skip
@@ -426,13 +426,13 @@ def demo(
 ) -> None:
     """Broker, worker and a sample of every record: shows the pipeline consuming them."""
     if engines == "llama":
-        from ops.llama_demo import run_llama_demo
+        from foretoken.ops.llama_demo import run_llama_demo
 
         raise typer.Exit(run_llama_demo(_settings(config), keep=keep))
     if engines != "sim":
         console.print(f"[red]error:[/red] --engines must be sim or llama, not {engines!r}")
         raise typer.Exit(2)
-    from ops.demo import run_demo
+    from foretoken.ops.demo import run_demo
 
     raise typer.Exit(run_demo(_settings(config), keep=keep, dashboard=dashboard, quick=quick))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from foretoken.ports import free_port
+from foretoken.adapters.ports import free_port
 from foretoken.settings import Settings, load_settings
 
 __all__ = ["free_port"]
@@ -51,7 +51,7 @@ def private_broker_config(tmp: Path) -> PrivateBroker:
 def kafka_broker() -> Iterator[Settings]:
     """A reachable broker: $KAFKA_BOOTSTRAP_SERVERS, one already running, or one started
     here (and stopped at the end of the session)."""
-    from ops import kafka_local
+    from foretoken.ops import kafka_local
 
     base = load_settings()
     started = False
@@ -66,7 +66,7 @@ def kafka_broker() -> Iterator[Settings]:
 def kafka_settings(kafka_broker: Settings) -> Settings:
     """Settings with topics of this test module's own (a fresh prefix), so that modules and
     runs never see each other's records."""
-    from streams.topics import ensure_topics
+    from foretoken.adapters.kafka.topics import ensure_topics
 
     prefix = f"t{uuid.uuid4().hex[:8]}-"
     settings = load_settings(env={**os.environ, "FORETOKEN_TOPIC_PREFIX": prefix})
@@ -99,7 +99,7 @@ def launch_worker(
     settings: Settings, tmp: Path, app_id: str | None = None, **extra_env: str
 ) -> tuple[subprocess.Popen[bytes], RunningWorker]:
     """Start `foretoken worker` as a real process and wait for its /healthz."""
-    from ops.procs import foretoken_cmd, spawn, stop, wait_http
+    from foretoken.adapters.processes import foretoken_cmd, spawn, stop, wait_http
 
     port = free_port()
     env = {**worker_env(settings, tmp, port, app_id), **extra_env}
@@ -119,7 +119,7 @@ def launch_worker(
 def faust_worker(
     kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningWorker]:
-    from ops.procs import stop
+    from foretoken.adapters.processes import stop
 
     proc, worker = launch_worker(kafka_settings, tmp_path_factory.mktemp("worker"))
     yield worker

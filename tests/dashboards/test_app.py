@@ -17,10 +17,10 @@ import polars as pl
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from grading.lake import write_lake
-from streams.records import Graded
+from foretoken.adapters.lake.writer import write_lake
+from foretoken.wire.records import Graded
 
-APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "foretoken" / "adapters" / "dashboard" / "app.py"
 TABS = ["Overview", "Predicted vs actual", "Fits", "Bounds"]
 BASE_TS = datetime(2025, 3, 1, tzinfo=UTC).timestamp()
 HOURS = 3
@@ -397,7 +397,7 @@ def test_a_redelivered_record_counts_once(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 @pytest.mark.parametrize("views", [True, False], ids=["grading-views", "fallback"])
 def test_both_lake_readers_keep_the_latest_row_per_request(tmp_path: Path, views: bool) -> None:
-    from dashboards.data import open_lake
+    from foretoken.adapters.dashboard.data import open_lake
 
     records = synthetic_records(200, predictions=True)
     write_lake(records, tmp_path)
@@ -418,7 +418,7 @@ def test_refresh_interval_comes_from_the_environment(
 
 
 def test_command_line_lake_wins_over_the_environment() -> None:
-    from dashboards.app import app_settings
+    from foretoken.adapters.dashboard.app import app_settings
 
     env = {"FORETOKEN_LAKE": "/from/env", "FORETOKEN_DASHBOARD_REFRESH_S": "5"}
     assert app_settings(["--lake", "/from/argv"], env).lake == "/from/argv"

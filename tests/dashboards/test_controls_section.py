@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fleet.classes import write_control_events
-from foretoken.ids import WorkerId
-from streams.records import ControlEvent, ControlSignals
+from foretoken.core.types import WorkerId
+from foretoken.sim.classes import write_control_events
+from foretoken.wire.records import ControlEvent, ControlSignals
 
-APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "foretoken" / "adapters" / "dashboard" / "app.py"
 STAGES = ("ok", "warn", "reroute", "admission")
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, wait_http
 from foretoken.settings import Settings
-from ops.procs import foretoken_cmd, get_json, spawn, stop, wait_http
 from tests.conftest import RunningWorker, free_port, launch_worker
 
 START_S = 90.0

@@ -13,9 +13,9 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from ops.procs import get_json
-from streams.produce import RecordProducer
-from streams.records import (
+from foretoken.adapters.kafka.producer import RecordProducer
+from foretoken.adapters.processes import get_json
+from foretoken.wire.records import (
     Graded,
     Grant,
     Outcome,

@@ -25,9 +25,9 @@ import openai
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from foretoken.adapters.processes import get_json
 from foretoken.settings import Settings
-from ops.procs import get_json
-from streams.records import ControlEvent, decode
+from foretoken.wire.records import ControlEvent, decode
 from tests.integration.stack import Stack, start_stack
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ except ImportError as exc:  # a dev dependency: say what to install
         "`playwright install`: this test drives Debian's chromium (/usr/bin/chromium)."
     ) from exc
 
-from ops.procs import foretoken_cmd, spawn, stop
+from foretoken.adapters.processes import foretoken_cmd, spawn, stop
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grading.views import connect, rows
+from foretoken.adapters.lake.views import connect, rows
 from tests.conftest import private_broker_config
 
 pytestmark = pytest.mark.integration

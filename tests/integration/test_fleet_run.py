@@ -12,9 +12,9 @@ import openai
 import pytest
 import zmq
 
-from ops.procs import foretoken_cmd, spawn, stop, wait_http
-from streams.engine_events import decode_vllm_frames
-from streams.records import BlockStored
+from foretoken.adapters.engines.decoders import decode_vllm_frames
+from foretoken.adapters.processes import foretoken_cmd, spawn, stop, wait_http
+from foretoken.wire.records import BlockStored
 
 pytestmark = pytest.mark.integration
 START_S = 60.0

@@ -10,8 +10,15 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from streams.produce import RecordProducer
-from streams.records import Graded, Grant, Outcome, WorkerEndpoints, WorkerRegistration, decode
+from foretoken.adapters.kafka.producer import RecordProducer
+from foretoken.wire.records import (
+    Graded,
+    Grant,
+    Outcome,
+    WorkerEndpoints,
+    WorkerRegistration,
+    decode,
+)
 from tests.conftest import RunningWorker
 
 pytestmark = pytest.mark.integration

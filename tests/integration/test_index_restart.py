@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from foretoken.adapters.kafka.producer import RecordProducer
+from foretoken.adapters.processes import get_json, stop
 from foretoken.settings import Settings
-from ops.procs import get_json, stop
-from streams.produce import RecordProducer
-from streams.records import (
+from foretoken.wire.records import (
     BlockRemoved,
     BlockStored,
     KvEventBatch,

@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from fleet.vllm_wire import decode_replay_request, encode_replay_stream, encode_vllm_frames
-from ops.procs import foretoken_cmd, get_json, spawn, stop
-from streams.records import BlockStored
+from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop
+from foretoken.sim.live.vllm_wire import (
+    decode_replay_request,
+    encode_replay_stream,
+    encode_vllm_frames,
+)
+from foretoken.wire.records import BlockStored
 from tests.conftest import RunningWorker, free_port
 
 pytestmark = pytest.mark.integration

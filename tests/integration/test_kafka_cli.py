@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.kafka_local import accepts_connections
+from foretoken.ops.kafka_local import accepts_connections
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration

@@ -17,10 +17,10 @@ from typing import Any
 import polars as pl
 import pytest
 
+from foretoken.adapters.lake.report import report
+from foretoken.adapters.lake.views import connect, query
+from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, wait_http
 from foretoken.settings import Settings
-from grading.report import report
-from grading.views import connect, query
-from ops.procs import foretoken_cmd, get_json, spawn, stop, wait_http
 from tests.conftest import WORKER_START_S
 from tests.integration.stack import Stack, start_stack
 

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from fleet.llama_server import LlamaServerConfig, llama_cpp_installed
+from foretoken.adapters.engines.engines_file import load_engines
+from foretoken.adapters.kafka.graded_reader import read_graded
+from foretoken.ops.llama_stack import LlamaStack, fit_quadratic, random_text, start_llama_stack
+from foretoken.ops.llama_stack import stream_completion as complete
+from foretoken.ops.llama_wheel import ensure_installed
 from foretoken.settings import Settings
-from ops.llama_stack import LlamaStack, fit_quadratic, random_text, start_llama_stack
-from ops.llama_stack import stream_completion as complete
-from ops.llama_wheel import ensure_installed
-from streams.engines import load_engines
-from streams.graded_reader import read_graded
+from foretoken.sim.live.llama_server import LlamaServerConfig, llama_cpp_installed
 
 # Long timeout: on a machine without the cached wheel, the first test's fixture waits for the
 # llama-cpp-python build that `make test` started in the background (minutes).

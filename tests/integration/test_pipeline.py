@@ -10,11 +10,11 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from ops.procs import get_json
-from streams.consume import INPUT_TOPICS
-from streams.produce import RecordProducer
-from streams.records import DeadLetter, decode
-from streams.sample import sample_records
+from foretoken.adapters.kafka.dispatch import INPUT_TOPICS
+from foretoken.adapters.kafka.producer import RecordProducer
+from foretoken.adapters.kafka.samples import sample_records
+from foretoken.adapters.processes import get_json
+from foretoken.wire.records import DeadLetter, decode
 from tests.conftest import RunningWorker
 
 pytestmark = pytest.mark.integration

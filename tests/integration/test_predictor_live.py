@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from fleet.spec import load_fleet
+from foretoken.adapters.processes import get_json
 from foretoken.settings import Settings
-from ops.procs import get_json
+from foretoken.sim.spec import load_fleet
 from tests.integration.stack import Stack, start_stack
 
 pytestmark = pytest.mark.integration

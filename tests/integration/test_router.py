@@ -20,9 +20,9 @@ import openai
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from foretoken.adapters.processes import stop
 from foretoken.settings import Settings
-from ops.procs import stop
-from streams.records import Grant, Outcome, decode
+from foretoken.wire.records import Grant, Outcome, decode
 from tests.integration.stack import Stack, start_stack
 
 pytestmark = pytest.mark.integration

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from foretoken.adapters.kafka.offsets import rewind_group
+from foretoken.adapters.kafka.readiness import wait_for_topics
+from foretoken.adapters.kafka.topics import ensure_topics
+from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, wait_http
 from foretoken.settings import Settings, load_settings
-from ops.procs import foretoken_cmd, get_json, spawn, stop, wait_http
-from streams.offsets import rewind_group
-from streams.readiness import wait_for_topics
-from streams.topics import ensure_topics
 from tests.conftest import PrivateBroker, free_port, private_broker_config
 
 pytestmark = pytest.mark.integration

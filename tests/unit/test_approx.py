@@ -12,13 +12,13 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from foretoken.ids import ModelName, RequestId, WorkerId
-from predictor.approx import ApproxCacheConfig, cache_source, index_params
-from predictor.index import FOLD_STATS_EVERY, PrefixIndex
-from predictor.index_state import SWEEPS_PER_TTL
-from predictor.service import Predictor, PredictorConfig
-from streams.engines import EngineConfig
-from streams.records import (
+from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.core.index.approx import ApproxCacheConfig, cache_source, index_params
+from foretoken.core.index.prefix import FOLD_STATS_EVERY, PrefixIndex
+from foretoken.core.index.state import SWEEPS_PER_TTL
+from foretoken.core.routing.service import Predictor, PredictorConfig
+from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.wire.records import (
     BlockStored,
     KvEventBatch,
     Outcome,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.policy import FleetLedger, make_policy
-from fleet.predictor_policy import ApproxPredictorPolicy
-from fleet.replay import replay
-from streams.records import Graded
+from foretoken.sim.policy import FleetLedger, make_policy
+from foretoken.sim.predictor_policy import ApproxPredictorPolicy
+from foretoken.sim.replay import replay
+from foretoken.wire.records import Graded
 from tests.unit.test_predictor_policy import (
     BLOCK,
     FLEET,

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.client_bench import ClientBenchConfig, Sample, load_prompts, sizing, summarize
-from fleet.classes import ClassMix, class_summary
-from fleet.traces import TraceRequest
-from foretoken.ids import RequestId
+from foretoken.bench.client_bench import ClientBenchConfig, Sample, load_prompts, sizing, summarize
+from foretoken.core.types import RequestId
 from foretoken.settings import ControlSettings, WorkloadClass
-from streams.records import Graded
+from foretoken.sim.classes import ClassMix, class_summary
+from foretoken.sim.traces import TraceRequest
+from foretoken.wire.records import Graded
 
 
 def _samples(ttfts: list[float], n429: int = 0, errors: int = 0) -> list[Sample]:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from streams.consume import Dispatcher, Position, reason_kind
-from streams.records import Grant, Record, decode, encode
+from foretoken.adapters.kafka.dispatch import Dispatcher, Position, reason_kind
+from foretoken.wire.records import Grant, Record, decode, encode
 
 
 def _grant(i: int) -> bytes:

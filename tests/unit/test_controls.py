@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foretoken.ids import RequestId, WorkerId
+from foretoken.core.index.prefix import PrefixIndex
+from foretoken.core.routing.controls import LatencyControls
+from foretoken.core.routing.service import Predictor, PredictorConfig
+from foretoken.core.types import RequestId, WorkerId
 from foretoken.settings import ControlSettings, SettingsError, WorkloadClass, load_settings
-from predictor.controls import LatencyControls
-from predictor.index import PrefixIndex
-from predictor.service import Predictor, PredictorConfig
-from streams.records import (
+from foretoken.wire.records import (
     ControlEvent,
     Grant,
     Outcome,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.commands import replay_command
 from foretoken.settings import ControlSettings, WorkloadClass
+from foretoken.sim.commands import replay_command
 
 SETTINGS = ControlSettings(
     default_class="interactive",

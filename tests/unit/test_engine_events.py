@@ -16,8 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foretoken.ids import ModelName, WorkerId
-from streams.engine_events import (
+from foretoken.adapters.engines.decoders import (
     DecodedBatch,
     SeqTracker,
     decode_sglang_frames,
@@ -25,7 +24,8 @@ from streams.engine_events import (
     replay_request_frames,
     split_replay_reply,
 )
-from streams.records import AllCleared, BlockRemoved, BlockStored, DecodeError
+from foretoken.core.types import ModelName, WorkerId
+from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, DecodeError
 
 W = WorkerId("w1")
 M = ModelName("m")

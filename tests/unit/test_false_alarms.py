@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from grading.false_alarms import (
+from foretoken.adapters.lake.false_alarms import (
     MIN_FIT_ROWS,
     estimate,
     fit_quantiles,
@@ -24,8 +24,8 @@ from grading.false_alarms import (
     model_based,
     wilson_interval,
 )
-from grading.lake import LakeWriter, graded_schema
-from grading.views import connect
+from foretoken.adapters.lake.views import connect
+from foretoken.adapters.lake.writer import LakeWriter, graded_schema
 
 SIGMA = 0.5
 BOUNDS = np.array([5.0, 10.0])

@@ -1,4 +1,4 @@
-"""The online cost models (predictor.fit): recovery, defaults, drift, constraints, state.
+"""The online cost models (foretoken.core.cost.fit): recovery, defaults, drift, constraints, state.
 
 Stated tolerances (synthetic cold samples, N log-uniform in [2k, 1M] tokens, lognormal
 noise, 5% stalls that are 3–10× too slow, 200 samples, several seeds):
@@ -21,9 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.spec import load_fleet, shipped_fleets
-from foretoken.ids import ModelName, RequestId, WorkerId
-from predictor.fit import (
+from foretoken.core.cost.fit import (
     REFERENCE_A_S_PER_TOKEN,
     REFERENCE_B_S_PER_TOKEN2,
     FitConfig,
@@ -32,8 +30,10 @@ from predictor.fit import (
     RobustFitConfig,
     StepCostFit,
 )
-from predictor.fit_registry import FitRegistry, select_cold_sample, time_per_output_token_s
-from streams.records import Graded, WorkerEndpoints, WorkerRegistration
+from foretoken.core.cost.registry import FitRegistry, select_cold_sample, time_per_output_token_s
+from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.sim.spec import load_fleet, shipped_fleets
+from foretoken.wire.records import Graded, WorkerEndpoints, WorkerRegistration
 
 REFERENCE = (REFERENCE_A_S_PER_TOKEN, REFERENCE_B_S_PER_TOKEN2)
 CURVES = {

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.engine import EngineModel, RequestTooLarge, StepResult
-from fleet.spec import EngineSpec, KvCapacity, TruthSpec
-from foretoken.ids import EngineBlockHash, ModelName, RequestId, WorkerId
-from streams.records import BlockRemoved, BlockStored, SchedulerSettings
+from foretoken.core.types import EngineBlockHash, ModelName, RequestId, WorkerId
+from foretoken.sim.engine import EngineModel, RequestTooLarge, StepResult
+from foretoken.sim.spec import EngineSpec, KvCapacity, TruthSpec
+from foretoken.wire.records import BlockRemoved, BlockStored, SchedulerSettings
 
 
 def make_spec(

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.spec import (
+from foretoken.sim.spec import (
     FleetSpecError,
     TruthSpec,
     load_fleet,
     parse_fleet,
     shipped_fleets,
 )
-from streams.records import U64_MASK
+from foretoken.wire.records import U64_MASK
 
 # The Mooncake trace's largest prompt + output, in tokens (measured on data/traces).
 MOONCAKE_LONGEST_TOKENS = 126_527

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from grading.join import GradingJoin
-from streams.records import FitUsed, Grant, Outcome
+from foretoken.core.grading.join import GradingJoin
+from foretoken.wire.records import FitUsed, Grant, Outcome
 
 BLOCK = 16
 

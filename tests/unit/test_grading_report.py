@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grading.report import render, report, sql_shell
+from foretoken.adapters.lake.report import render, report, sql_shell
 from tests.unit.test_grading_sql import Z, build_golden
 
 
@@ -78,7 +78,7 @@ def test_narrow_console_squeezes_headers_which_is_why_piped_output_is_wide(lake:
 
 
 def _bounds(lake: Path) -> object:
-    from grading.report import _bounds_table
+    from foretoken.adapters.lake.report import _bounds_table
 
     return _bounds_table(report(lake, draws=50))
 

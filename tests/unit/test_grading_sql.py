@@ -39,9 +39,17 @@ import duckdb
 import polars as pl
 import pytest
 
-from bench.lake_bench import generate, polars_accuracy_by_hour, write
-from grading import lake as lake_module
-from grading.lake import (
+from foretoken.adapters.lake import writer as lake_module
+from foretoken.adapters.lake.views import (
+    connect,
+    lake_glob,
+    metric,
+    metric_names,
+    query,
+    rows,
+    view_names,
+)
+from foretoken.adapters.lake.writer import (
     LakeWriter,
     graded_frame,
     graded_schema,
@@ -49,8 +57,8 @@ from grading.lake import (
     part_files,
     write_lake,
 )
-from grading.views import connect, lake_glob, metric, metric_names, query, rows, view_names
-from streams.records import Graded
+from foretoken.bench.lake_bench import generate, polars_accuracy_by_hour, write
+from foretoken.wire.records import Graded
 
 HOUR0 = 1_735_689_600.0  # 2025-01-01T00:00:00Z
 HOUR1 = HOUR0 + 3600.0
@@ -382,7 +390,7 @@ def test_the_lake_path_is_quoted_not_spliced(tmp_path: Path) -> None:
 
 
 def test_fleet_replay_writes_through_the_one_lake_writer(tmp_path: Path) -> None:
-    from fleet import replay
+    from foretoken.sim import replay
 
     assert replay.write_lake is write_lake and replay.graded_frame is graded_frame
     replay.write_lake(GOLDEN, tmp_path)

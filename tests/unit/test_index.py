@@ -20,9 +20,9 @@ import pytest
 import xxhash
 from hypothesis import HealthCheck, given, settings
 
-from foretoken.ids import EngineBlockHash, ModelName, WorkerId
-from predictor.index import TIERS, CacheHit, PrefixIndex
-from streams.records import (
+from foretoken.core.index.prefix import TIERS, CacheHit, PrefixIndex
+from foretoken.core.types import EngineBlockHash, ModelName, WorkerId
+from foretoken.wire.records import (
     AllCleared,
     BlockRemoved,
     BlockStored,
@@ -344,7 +344,7 @@ def test_more_than_64_workers() -> None:
 
 def test_hashes_do_not_depend_on_the_process_hash_seed() -> None:
     code = (
-        "from predictor.index import PrefixIndex; "
+        "from foretoken.core.index.prefix import PrefixIndex; "
         "print(PrefixIndex().hash_prompt('m', 4, list(range(64)), lora_name='x').tolist())"
     )
     outputs = set()

@@ -10,13 +10,20 @@ from typing import Any
 
 import pytest
 
-from foretoken.ids import RequestId
+from foretoken.adapters.kafka.held_acks import HeldAcks
+from foretoken.adapters.kafka.lake_sink import LakeSink
+from foretoken.adapters.lake.views import connect, rows
+from foretoken.adapters.lake.writer import (
+    HOUR_S,
+    LakeWriter,
+    closed_hours,
+    hour_dirs,
+    hour_start_s,
+    part_files,
+)
+from foretoken.core.types import RequestId
 from foretoken.settings import LakeSettings
-from grading.lake import HOUR_S, LakeWriter, closed_hours, hour_dirs, hour_start_s, part_files
-from grading.views import connect, rows
-from streams.join_acks import HeldAcks
-from streams.lake_sink import LakeSink
-from streams.records import Graded
+from foretoken.wire.records import Graded
 
 HOUR0 = 1_767_225_600.0  # 2026-01-01T00:00Z
 

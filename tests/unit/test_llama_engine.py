@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleet.gguf_model import (
+from foretoken.adapters.engines.engines_file import EngineConfig, dump_engines, load_engines
+from foretoken.adapters.engines.ingest import Ingest
+from foretoken.adapters.http.tokenizers import HFTokenizer
+from foretoken.core.queue.scheduler import CurveStepCost, NewRequest
+from foretoken.core.queue.worker_queue import WorkerQueue
+from foretoken.core.types import RequestId
+from foretoken.ops.llama_stack import fit_quadratic, random_text
+from foretoken.sim.live.gguf_model import (
     BOS_ID,
     EOS_ID,
     VOCAB_SIZE,
@@ -18,14 +25,7 @@ from fleet.gguf_model import (
     ensure_model,
     write_gguf,
 )
-from fleet.llama_server import engine_config, server_args
-from foretoken.ids import RequestId
-from ops.llama_stack import fit_quadratic, random_text
-from predictor.queue import WorkerQueue
-from predictor.replay import CurveStepCost, NewRequest
-from router.tokenize import HFTokenizer
-from streams.engines import EngineConfig, dump_engines, load_engines
-from streams.ingest import Ingest
+from foretoken.sim.live.llama_server import engine_config, server_args
 
 SMALL = TinyLlamaSpec(n_embd=32, n_layer=1, n_head=2, n_head_kv=2, n_ff=64, context_length=4096)
 

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from fleet.load import (
+from foretoken.sim.live.load import (
     MAX_QUEUE_WAIT_HEADER,
     NOT_SENT_ERROR,
     REQUEST_ID_HEADER,
@@ -30,7 +30,7 @@ from fleet.load import (
     run_load,
     write_results_parquet,
 )
-from fleet.traces import LengthDistribution, TraceRequest, synthetic_requests
+from foretoken.sim.traces import LengthDistribution, TraceRequest, synthetic_requests
 
 FIRST_TOKEN_DELAY_S = 0.05
 TOKEN_GAP_S = 0.01

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fleet.predictor_policy  # noqa: F401  (registers "predictor": the contract runs on it)
-from fleet.policy import (
+import foretoken.sim.predictor_policy  # noqa: F401  (registers "predictor" for the contract)
+from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.sim.policy import (
     Decision,
     FleetLedger,
     FleetView,
@@ -28,9 +29,8 @@ from fleet.policy import (
     register_policy,
     unregister_policy,
 )
-from fleet.spec import EngineSpec, FleetSpec, KvCapacity, TruthSpec
-from foretoken.ids import ModelName, RequestId, WorkerId
-from streams.records import Grant, SchedulerSettings
+from foretoken.sim.spec import EngineSpec, FleetSpec, KvCapacity, TruthSpec
+from foretoken.wire.records import Grant, SchedulerSettings
 
 MODEL_A, MODEL_B, UNSERVED = ModelName("model-a"), ModelName("model-b"), ModelName("nobody")
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fleet.policy import FleetLedger, make_policy
-from fleet.predictor_policy import PredictorPolicy, registration_from_spec
-from fleet.replay import replay
-from fleet.spec import EngineSpec, FleetSpec, KvCapacity, TruthSpec
-from fleet.traces import TraceRequest
-from foretoken.ids import ModelName, RequestId, WorkerId
-from streams.records import Graded, SchedulerSettings
+from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.sim.policy import FleetLedger, make_policy
+from foretoken.sim.predictor_policy import PredictorPolicy, registration_from_spec
+from foretoken.sim.replay import replay
+from foretoken.sim.spec import EngineSpec, FleetSpec, KvCapacity, TruthSpec
+from foretoken.sim.traces import TraceRequest
+from foretoken.wire.records import Graded, SchedulerSettings
 
 MODEL = ModelName("quiet-model")
 BLOCK = 16

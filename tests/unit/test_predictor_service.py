@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from predictor.index import PrefixIndex
-from predictor.service import Predictor, PredictorConfig
-from streams.records import (
+from foretoken.core.index.prefix import PrefixIndex
+from foretoken.core.routing.service import Predictor, PredictorConfig
+from foretoken.wire.records import (
     BlockStored,
     Graded,
     KvEventBatch,

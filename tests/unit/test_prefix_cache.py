@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.prefix_cache import BlockHasher, CacheHit, KvCacheEvent, PrefixCache
-from fleet.spec import LowerTier
-from foretoken.ids import EngineBlockHash, RequestId
-from streams.records import U64_MASK, AllCleared, BlockRemoved, BlockStored, Tier
+from foretoken.core.types import EngineBlockHash, RequestId
+from foretoken.sim.prefix_cache import BlockHasher, CacheHit, KvCacheEvent, PrefixCache
+from foretoken.sim.spec import LowerTier
+from foretoken.wire.records import U64_MASK, AllCleared, BlockRemoved, BlockStored, Tier
 
 BLOCK = 4
 SEED = 7

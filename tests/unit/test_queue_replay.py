@@ -16,10 +16,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from foretoken.ids import RequestId
-from predictor.inflight import InFlightEstimate
-from predictor.queue import Phase, WorkerQueue
-from predictor.replay import (
+from foretoken.core.queue.inflight import InFlightEstimate
+from foretoken.core.queue.scheduler import (
     CurveStepCost,
     NewRequest,
     QueueState,
@@ -28,7 +26,9 @@ from predictor.replay import (
     projected_drain_s,
     replay_until_first_token,
 )
-from streams.records import SchedulerSettings
+from foretoken.core.queue.worker_queue import Phase, WorkerQueue
+from foretoken.core.types import RequestId
+from foretoken.wire.records import SchedulerSettings
 
 A = 1e-3  # s per token
 B = 1e-6  # s per token²

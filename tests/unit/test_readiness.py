@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from foretoken.adapters.kafka.offsets import rewind_group
+from foretoken.adapters.kafka.readiness import StartupError, TopicState, _explain, wait_for_topics
 from foretoken.settings import load_settings
-from streams.offsets import rewind_group
-from streams.readiness import StartupError, TopicState, _explain, wait_for_topics
 
 
 def test_an_empty_partition_set_is_never_committed() -> None:

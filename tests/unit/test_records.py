@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from streams.records import (
+from foretoken.wire.records import (
     RECORD_TYPES,
     SCHEMA_VERSION,
     U64_MASK,
@@ -153,7 +153,7 @@ def test_out_of_range_hashes_are_refused(bad: int | bytes) -> None:
 
 
 def test_a_route_request_carries_its_tokens_packed() -> None:
-    from streams.records import RouteRequest, decode, encode, pack_token_ids
+    from foretoken.wire.records import RouteRequest, decode, encode, pack_token_ids
 
     ids = [0, 1, 50_000, 2**32 - 1]
     req = RouteRequest(request_id="r", model="m", packed_token_ids=pack_token_ids(ids))

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.policy import (
+from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.sim.policy import (
     Decision,
     FleetLedger,
     FleetView,
@@ -33,8 +34,8 @@ from fleet.policy import (
     RouteRequest,
     RoutingPolicy,
 )
-from fleet.prefix_cache import KvEventDetail
-from fleet.replay import (
+from foretoken.sim.prefix_cache import KvEventDetail
+from foretoken.sim.replay import (
     EPOCH_BASE_TS,
     capacity_speedup,
     graded_schema,
@@ -43,10 +44,9 @@ from fleet.replay import (
     summary,
     write_lake,
 )
-from fleet.spec import EngineSpec, FleetSpec, KvCapacity, TruthSpec
-from fleet.traces import LengthDistribution, SharingModel, TraceRequest, synthetic_requests
-from foretoken.ids import ModelName, RequestId, WorkerId
-from streams.records import BlockStored, Graded, KvEvent, SchedulerSettings
+from foretoken.sim.spec import EngineSpec, FleetSpec, KvCapacity, TruthSpec
+from foretoken.sim.traces import LengthDistribution, SharingModel, TraceRequest, synthetic_requests
+from foretoken.wire.records import BlockStored, Graded, KvEvent, SchedulerSettings
 
 BLOCK = 4
 

@@ -7,14 +7,14 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from predictor.inflight import InFlightEstimate
-from predictor.replay import (
+from foretoken.core.queue.future import Future
+from foretoken.core.queue.inflight import InFlightEstimate
+from foretoken.core.queue.scheduler import (
     NewRequest,
     _scheduler_from,
     projected_drain_s,
     replay_until_first_token,
 )
-from predictor.replay_future import Future
 from tests.unit.test_queue_replay import (
     COST,
     NOW,
@@ -68,7 +68,7 @@ def test_the_future_is_replayed_again_only_after_a_change() -> None:
 
 
 def test_a_new_cost_curve_replays_the_future_again() -> None:
-    from predictor.replay import CurveStepCost
+    from foretoken.core.queue.scheduler import CurveStepCost
 
     estimate = InFlightEstimate(sched(budget=64, seqs=4))
     estimate.arrive("a", NOW, 500, 0, 8)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from fleet.tokenizer import SimTokenizer
-from router.tokenize import HFTokenizer, Tokenizers
+from foretoken.adapters.http.tokenizers import HFTokenizer, Tokenizers
+from foretoken.core.tokenizer import SimTokenizer
 
 
 def _tokenizer_json(tmp_path: Path) -> Path:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+from foretoken.adapters.kafka.topics import topic_specs
 from foretoken.settings import load_settings
-from streams.topics import topic_specs
 
 
 def test_every_topic_is_declared_once_with_its_policy() -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.traces import (
+from foretoken.sim.traces import (
     AZURE_CODE_FILE,
     AZURE_CONV_FILE,
     MOONCAKE_BLOCK_TOKENS,

@@ -14,18 +14,18 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from foretoken.ids import ModelName, RequestId, WorkerId
-from grading.join import GradingJoin, grade
-from grading.lake import write_lake
-from grading.report import render, report
-from grading.summary import summarize
-from grading.views import connect, rows
-from predictor.approx import ApproxCacheConfig, index_params
-from predictor.fit import MIN_COLD_PROMPT_TOKENS
-from predictor.fit_registry import NEAR_COLD_SHARE, prefill_sample_cached, select_cold_sample
-from predictor.index import PrefixIndex
-from predictor.service import Predictor, PredictorConfig
-from streams.records import (
+from foretoken.adapters.lake.report import render, report
+from foretoken.adapters.lake.views import connect, rows
+from foretoken.adapters.lake.writer import write_lake
+from foretoken.core.cost.fit import MIN_COLD_PROMPT_TOKENS
+from foretoken.core.cost.registry import NEAR_COLD_SHARE, prefill_sample_cached, select_cold_sample
+from foretoken.core.grading.join import GradingJoin, grade
+from foretoken.core.grading.summary import summarize
+from foretoken.core.index.approx import ApproxCacheConfig, index_params
+from foretoken.core.index.prefix import PrefixIndex
+from foretoken.core.routing.service import Predictor, PredictorConfig
+from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.wire.records import (
     Graded,
     Grant,
     Outcome,

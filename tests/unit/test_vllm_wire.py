@@ -9,16 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.vllm_wire import (
+from foretoken.adapters.engines.decoders import decode_vllm_frames, split_replay_reply
+from foretoken.core.types import EngineBlockHash, ModelName, WorkerId
+from foretoken.sim.live.vllm_wire import (
     decode_replay_request,
     encode_replay_end,
     encode_replay_reply,
     encode_replay_stream,
     encode_vllm_frames,
 )
-from foretoken.ids import EngineBlockHash, ModelName, WorkerId
-from streams.engine_events import decode_vllm_frames, split_replay_reply
-from streams.records import (
+from foretoken.wire.records import (
     AllCleared,
     BlockRemoved,
     BlockStored,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from foretoken.ids import WorkerId
+from foretoken.adapters.kafka.app import WorkerState, fits_path, load_fits, save_fits
+from foretoken.core.types import WorkerId
 from foretoken.settings import load_settings
-from streams.app import WorkerState, fits_path, load_fits, save_fits
-from streams.records import SchedulerSettings, WorkerEndpoints, WorkerRegistration
+from foretoken.wire.records import SchedulerSettings, WorkerEndpoints, WorkerRegistration
 
 A, B = 2e-4, 4e-9
 

@@ -1,1 +1,0 @@
-"""Benchmarks: each prints machine-readable JSON; figures are recorded in docs/BENCHMARKS.md."""

@@ -1,0 +1,604 @@
+"""Pure codec for engine KV-event ZMQ messages (PRODUCT.md §3 "Engine event ingest").
+
+Turns the multipart messages that vLLM and SGLang publish into :class:`KvEventBatch`
+records, and tracks each publisher's sequence numbers. msgspec + stdlib only: no sockets.
+Every fact below was read in the engines' public source (paths in their repositories):
+
+Transport (vLLM ``vllm/distributed/kv_events.py`` ``ZmqEventPublisher``; SGLang
+``python/sglang/srt/disaggregation/kv_events.py``, same design):
+    PUB frames ``[topic, seq, payload]``; ``seq`` is ``seq.to_bytes(8, "big")`` from a
+    counter that starts at 0 with the process; ``payload`` is the msgpack batch.
+    Replay ROUTER: a client sends ``[b"", start_seq (8 bytes BE)]`` (the ROUTER sees
+    ``[identity, b"", start_seq]``); every buffered batch with ``seq >= start_seq``
+    (``buffer_steps``, default 10 000) comes back as ``[identity, b"", seq, payload]``, then
+    ``END_SEQ = (-1).to_bytes(8, "big", signed=True)`` (eight 0xff) with an empty payload.
+    vLLM PR #45177 added the topic to replies: ``[identity, b"", topic, seq, payload]``,
+    ended by ``[identity, b"", b"", END_SEQ, b""]``. :func:`split_replay_reply` takes both.
+
+Batch (``EventBatch``): ``array_like`` → ``[ts, events]`` (first vLLM/SGLang releases),
+    ``[ts, events, data_parallel_rank]`` (vLLM PR #18925; SGLang names it
+    ``attn_dp_rank``). One stored vLLM snapshot (commit 0181ea3) declares ``EventBatch``
+    without ``array_like``, i.e. a map ``{"ts", "events", "data_parallel_rank"}``; both
+    shapes are accepted. A missing or nil rank means 0.
+
+Events are msgspec tagged unions whose tag is the class name: ``BlockStored``,
+    ``BlockRemoved``, ``AllBlocksCleared``. Up to vLLM PR #42892 they were ``array_like``:
+    ``[tag, field1, ...]``; msgspec ignores ``omit_defaults`` for arrays (msgspec issue
+    #720), so nil fields are written, but older versions have fewer fields, so arrays may
+    end early. Since then they are maps ``{"type": tag, field: ...}`` with nil optional
+    fields omitted. SGLang followed (PR #37482) with maps; older SGLang sends arrays.
+    Other tags (newer vLLM has e.g. ``CacheStoreCommitted``) are skipped and counted.
+
+vLLM ``BlockStored`` field order: block_hashes, parent_block_hash, token_ids, block_size,
+    lora_id, medium (PR #19737), lora_name (#27577), extra_keys (#33304, one entry per
+    block: a tuple of MM hashes / LoRA name / cache_salt / prompt-embeds hashes, or nil),
+    group_idx (#37688), kv_cache_spec_kind and kv_cache_spec_sliding_window (#40984).
+    ``BlockRemoved``: block_hashes, medium, group_idx. ``AllBlocksCleared``: no fields.
+    Kinds (``vllm/v1/kv_cache_interface.py`` ``KVCacheSpecKind``): full_attention,
+    mla_attention, sink_full_attention describe a reusable prefix; sliding_window,
+    sliding_window_mla, mamba, chunked_local_attention, encoder_only_attention,
+    cross_attention, unknown do not (``full_attention=False``). A nil kind (older
+    versions) means a full-attention group.
+SGLang ``BlockStored`` positions: block_hashes, parent_block_hash, token_ids, block_size,
+    lora_id, medium, then (salted stores, ``BlockStoredWithMetadata``) a metadata map
+    ``{"cache_salt": ...}``; map form has ``cache_salt`` / ``session_id`` keys. Position 7
+    therefore means ``lora_name`` to vLLM and metadata to SGLang, which is why the decoder
+    takes an ``engine``.
+
+Hashes: vLLM ``vllm/v1/core/kv_cache_utils.py`` ``maybe_convert_block_hash`` publishes
+    ``int.from_bytes(digest, "big") & (2**64 - 1)`` (the low 8 bytes, big-endian, of the
+    digest with the group id stripped by ``get_block_hash``) when
+    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` is 1 (the default; uint64, may exceed int64),
+    else the raw digest bytes (32 for sha256, 16 for xxhash). SGLang
+    (``python/sglang/srt/mem_cache/utils.py`` ``hash_str_to_int64``) sends the first 8 bytes
+    of a SHA-256 chain as a signed int64; early SGLang sent Python's ``hash()`` (also
+    signed 64-bit). :func:`foretoken.wire.records.normalize_engine_hash` maps all to uint64.
+SGLang stores (``python/sglang/srt/mem_cache/events.py`` ``KVCacheEventRecorder``): one
+    event per page (``block_size`` = tokens in that page), consecutive stores of one chain
+    merged into one event (hashes and token ids concatenated). With EAGLE the radix keys
+    are bigrams and ``token_ids`` holds pairs ``[t_j, t_j+1]``; we keep ``t_j`` (the page's
+    own token) so the ids line up with the prompt; the pair's second item is the next
+    token, whose dependency the index's EAGLE rule (last matched block not credited)
+    already covers.
+Offload connectors (vLLM ``offloading_connector.py`` ``take_events``) store with
+    ``parent_block_hash`` nil, ``token_ids`` empty and ``block_size`` 0 (or the offload
+    block size) on media such as ``CPU``; such stores decode with ``token_ids=()``.
+
+Normalization choices: ``block_size`` nil or 0 becomes ``default_block_size``; a nil
+``group_idx`` is 0; a nil ``lora_name`` with a ``lora_id`` becomes ``"lora-id:<id>"`` so LoRA
+blocks never alias base-model blocks; ``extra_keys`` is empty when no block has any,
+else one compact-JSON string per block (``""`` for nil); SGLang's ``cache_salt`` goes
+into the first block's entry (``["<salt>"]``) of a chain that starts at the root, as vLLM
+does. Events on a medium we cannot place (not in :data:`TIER_NAMES`) are skipped and
+counted. Anything malformed raises :class:`DecodeError`, never another exception.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import msgspec
+
+from foretoken.core.types import EngineBlockHash, ModelName, WorkerId
+from foretoken.wire.records import (
+    AllCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeError,
+    KvEvent,
+    KvEventBatch,
+    Tier,
+    normalize_engine_hash,
+)
+
+Engine = Literal["vllm", "sglang"]
+SeqVerdict = Literal["ok", "duplicate", "gap", "restart"]
+
+SEQ_BYTES: Final = 8
+REPLAY_END_SEQ: Final = (-1).to_bytes(SEQ_BYTES, "big", signed=True)
+TAG_STORED: Final = "BlockStored"
+TAG_REMOVED: Final = "BlockRemoved"
+TAG_CLEARED: Final = "AllBlocksCleared"
+# Tokens are vocabulary ids; SGLang hashes them as 4-byte unsigned ints.
+MAX_TOKEN_ID: Final = (1 << 32) - 1
+# vLLM's default replay buffer (``buffer_steps``): a seq further back than this is a restart.
+DEFAULT_RESTART_WINDOW: Final = 10_000
+
+_TIER_GROUPS: Final[dict[Tier, tuple[str, ...]]] = {
+    "GPU": ("GPU", "DEVICE"),
+    "CPU": ("CPU", "CPU_PINNED", "CPU_TIER1"),
+    "DISK": ("CPU_TIER2", "DISK", "NVME", "STORAGE"),
+    "SHARED": ("EXTERNAL", "NETWORK", "REMOTE", "SHARED", "LMCACHE"),
+}
+# Engine medium names (upper-cased) → our tier.
+TIER_NAMES: Final[Mapping[str, Tier]] = {
+    name: tier for tier, names in _TIER_GROUPS.items() for name in names
+}
+FULL_ATTENTION_KINDS: Final = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+
+_VLLM_STORED: Final = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+)
+# SGLang shares the first six positions; its seventh is the salted-store metadata map.
+_SGLANG_STORED: Final = (*_VLLM_STORED[:6], "metadata")
+_REMOVED: Final = ("block_hashes", "medium", "group_idx")
+_BATCH: Final = ("ts", "events", "data_parallel_rank")
+_msgpack = msgspec.msgpack.Decoder()
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedBatch:
+    """One decoded engine message: the normalized batch and what was skipped in it."""
+
+    batch: KvEventBatch
+    seq: int
+    unknown_tags: Mapping[str, int] = field(default_factory=dict)
+    unknown_media: Mapping[str, int] = field(default_factory=dict)
+    topic: bytes = b""
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def parse_seq(frame: object) -> int:
+    """An 8-byte big-endian unsigned sequence number."""
+    data = _frame_bytes(frame, "seq")
+    if len(data) != SEQ_BYTES:
+        raise DecodeError(f"seq frame must be {SEQ_BYTES} bytes, got {len(data)}")
+    return int.from_bytes(data, "big")
+
+
+def decode_vllm_frames(
+    frames: Sequence[bytes], *, worker_id: WorkerId, model: ModelName, default_block_size: int
+) -> DecodedBatch:
+    """Decode a vLLM PUB message ``[topic, seq, payload]``."""
+    return decode_engine_frames(
+        frames,
+        engine="vllm",
+        worker_id=worker_id,
+        model=model,
+        default_block_size=default_block_size,
+    )
+
+
+def decode_sglang_frames(
+    frames: Sequence[bytes], *, worker_id: WorkerId, model: ModelName, default_block_size: int
+) -> DecodedBatch:
+    """Decode an SGLang PUB message (same framing; SGLang event layout and bigram tokens)."""
+    return decode_engine_frames(
+        frames,
+        engine="sglang",
+        worker_id=worker_id,
+        model=model,
+        default_block_size=default_block_size,
+    )
+
+
+def decode_engine_frames(
+    frames: Sequence[bytes],
+    *,
+    engine: Engine,
+    worker_id: WorkerId,
+    model: ModelName,
+    default_block_size: int,
+) -> DecodedBatch:
+    """Decode ``[topic, seq, payload]`` from either engine; raises only :class:`DecodeError`."""
+    if not isinstance(frames, list | tuple):
+        raise DecodeError(f"expected a list of frames, got {type(frames).__name__}")
+    if len(frames) != 3:
+        raise DecodeError(f"expected 3 frames [topic, seq, payload], got {len(frames)}")
+    topic = _frame_bytes(frames[0], "topic")
+    seq = parse_seq(frames[1])
+    return decode_engine_payload(
+        _frame_bytes(frames[2], "payload"),
+        engine=engine,
+        seq=seq,
+        topic=topic,
+        worker_id=worker_id,
+        model=model,
+        default_block_size=default_block_size,
+    )
+
+
+def decode_engine_payload(
+    payload: bytes,
+    *,
+    engine: Engine,
+    seq: int,
+    worker_id: WorkerId,
+    model: ModelName,
+    default_block_size: int,
+    topic: bytes = b"",
+) -> DecodedBatch:
+    """Decode one msgpack batch payload (from a PUB message or a replay reply)."""
+    if engine not in ("vllm", "sglang"):
+        raise ValueError(f"unknown engine {engine!r}")
+    if default_block_size < 1:
+        raise ValueError(f"default_block_size must be >= 1, got {default_block_size}")
+    if not payload:
+        raise DecodeError("empty payload")
+    try:
+        raw = _msgpack.decode(payload)
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:
+        raise DecodeError(f"payload is not msgpack: {exc}") from exc
+    ts, raw_events, dp_rank = _batch_fields(raw)
+    decoder = _EventDecoder(engine, default_block_size)
+    events: list[KvEvent] = []
+    for index, raw_event in enumerate(raw_events):
+        try:
+            decoder.decode(raw_event, events)
+        except DecodeError as exc:
+            raise DecodeError(f"event {index}: {exc.reason}") from exc
+        except ValueError as exc:  # a record's own validation
+            raise DecodeError(f"event {index}: invalid record: {exc}") from exc
+    try:
+        batch = KvEventBatch(
+            worker_id=worker_id,
+            model=model,
+            seq=seq,
+            ts=ts,
+            dp_rank=dp_rank,
+            events=tuple(events),
+        )
+    except ValueError as exc:
+        raise DecodeError(f"invalid KvEventBatch: {exc}") from exc
+    return DecodedBatch(
+        batch=batch,
+        seq=seq,
+        unknown_tags=decoder.unknown_tags,
+        unknown_media=decoder.unknown_media,
+        topic=topic,
+    )
+
+
+def replay_request_frames(start_seq: int) -> list[bytes]:
+    """What a DEALER sends to a replay ROUTER to get every batch from ``start_seq`` on."""
+    if not 0 <= start_seq < 1 << 64:
+        raise ValueError(f"start_seq must be an unsigned 64-bit int, got {start_seq}")
+    return [b"", start_seq.to_bytes(SEQ_BYTES, "big")]
+
+
+def split_replay_reply(frames: Sequence[bytes]) -> tuple[bytes, int, bytes] | None:
+    """A replay reply as a DEALER receives it → ``(topic, seq, payload)``; None at the end.
+
+    Accepts ``[b"", seq, payload]`` (before vLLM PR #45177; topic is then ``b""``) and
+    ``[b"", topic, seq, payload]``; the end marker is seq ``REPLAY_END_SEQ`` (−1).
+    """
+    if not isinstance(frames, list | tuple) or len(frames) not in (3, 4):
+        count = len(frames) if isinstance(frames, list | tuple) else type(frames).__name__
+        raise DecodeError(f"a replay reply has 3 or 4 frames, got {count}")
+    parts = [_frame_bytes(frame, "replay") for frame in frames]
+    if parts[0]:
+        raise DecodeError("a replay reply starts with an empty delimiter frame")
+    topic = parts[1] if len(parts) == 4 else b""
+    seq_frame, payload = parts[-2], parts[-1]
+    if seq_frame == REPLAY_END_SEQ:
+        return None
+    return topic, parse_seq(seq_frame), payload
+
+
+def tier_of(medium: object) -> Tier | None:
+    """Our tier for an engine medium name (nil → GPU); None when the name is unknown."""
+    if medium is None:
+        return "GPU"
+    if not isinstance(medium, str):
+        raise DecodeError(f"medium must be a string or nil, got {type(medium).__name__}")
+    return TIER_NAMES.get(medium.strip().upper())
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _frame_bytes(frame: object, what: str) -> bytes:
+    if isinstance(frame, bytes):
+        return frame
+    if isinstance(frame, bytearray | memoryview):
+        return bytes(frame)
+    raise DecodeError(f"{what} frame must be bytes, got {type(frame).__name__}")
+
+
+def _batch_fields(raw: Any) -> tuple[float, list[Any], int]:
+    if isinstance(raw, list):
+        if len(raw) < 2:
+            raise DecodeError(f"a batch array has at least [ts, events], got {len(raw)} items")
+        fields = dict(zip(_BATCH, raw, strict=False))
+    elif isinstance(raw, dict):
+        fields = dict(raw)
+        if "data_parallel_rank" not in fields:
+            fields["data_parallel_rank"] = fields.get("attn_dp_rank")
+        if "ts" not in fields or "events" not in fields:
+            raise DecodeError("a batch map needs 'ts' and 'events'")
+    else:
+        raise DecodeError(f"a batch is an array or a map, got {type(raw).__name__}")
+    ts = fields["ts"]
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        raise DecodeError(f"batch ts must be a finite number, got {ts!r:.40}")
+    events = fields["events"]
+    if not isinstance(events, list):
+        raise DecodeError(f"batch events must be an array, got {type(events).__name__}")
+    rank = _opt_int(fields.get("data_parallel_rank"), "data_parallel_rank")
+    return float(ts), events, rank or 0
+
+
+def _opt_int(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DecodeError(f"{what} must be a non-negative int or nil, got {value!r:.40}")
+    return value
+
+
+def _opt_str(value: Any, what: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise DecodeError(f"{what} must be a string or nil, got {type(value).__name__}")
+
+
+def _hashes(value: Any, what: str = "block_hashes") -> tuple[EngineBlockHash, ...]:
+    if not isinstance(value, list):
+        raise DecodeError(f"{what} must be an array, got {type(value).__name__}")
+    return tuple(normalize_engine_hash(h) for h in value)
+
+
+class _EventDecoder:
+    """Decodes one engine's events, counting what it skips."""
+
+    def __init__(self, engine: Engine, default_block_size: int) -> None:
+        self.engine = engine
+        self.default_block_size = default_block_size
+        self.unknown_tags: dict[str, int] = {}
+        self.unknown_media: dict[str, int] = {}
+        self._stored = _SGLANG_STORED if engine == "sglang" else _VLLM_STORED
+
+    def decode(self, raw: Any, out: list[KvEvent]) -> None:
+        tag, fields = self._tag_and_fields(raw)
+        if tag == TAG_STORED:
+            stored = self._stored_event(fields)
+            if stored is not None:
+                out.append(stored)
+        elif tag == TAG_REMOVED:
+            removed = self._removed_event(fields)
+            if removed is not None:
+                out.append(removed)
+        elif tag == TAG_CLEARED:
+            medium = fields.get("medium")
+            out.append(AllCleared(medium=None if medium is None else self._tier(medium)))
+        else:
+            self.unknown_tags[tag] = self.unknown_tags.get(tag, 0) + 1
+
+    def _tag_and_fields(self, raw: Any) -> tuple[str, dict[Any, Any]]:
+        if isinstance(raw, list):
+            if not raw or not isinstance(raw[0], str):
+                raise DecodeError("an event array starts with its tag string")
+            tag = raw[0]
+            layout = {TAG_STORED: self._stored, TAG_REMOVED: _REMOVED}.get(tag, ())
+            return tag, dict(zip(layout, raw[1:], strict=False))
+        if isinstance(raw, dict):
+            map_tag = raw.get("type")
+            if not isinstance(map_tag, str):
+                raise DecodeError("an event map needs a string 'type'")
+            return map_tag, raw
+        raise DecodeError(f"an event is an array or a map, got {type(raw).__name__}")
+
+    def _tier(self, medium: Any) -> Tier | None:
+        tier = tier_of(medium)
+        if tier is None:
+            self.unknown_media[medium] = self.unknown_media.get(medium, 0) + 1
+        return tier
+
+    def _group(self, fields: Mapping[Any, Any]) -> int:
+        return _opt_int(fields.get("group_idx"), "group_idx") or 0
+
+    def _removed_event(self, fields: Mapping[Any, Any]) -> BlockRemoved | None:
+        if "block_hashes" not in fields:
+            raise DecodeError("BlockRemoved without block_hashes")
+        hashes = _hashes(fields["block_hashes"])
+        group = self._group(fields)
+        tier = self._tier(fields.get("medium"))
+        if tier is None:
+            return None
+        return BlockRemoved(block_hashes=hashes, medium=tier, group_idx=group)
+
+    def _stored_event(self, fields: Mapping[Any, Any]) -> BlockStored | None:
+        if "block_hashes" not in fields:
+            raise DecodeError("BlockStored without block_hashes")
+        hashes = _hashes(fields["block_hashes"])
+        parent_raw = fields.get("parent_block_hash")
+        parent = None if parent_raw is None else normalize_engine_hash(parent_raw)
+        tokens = self._tokens(fields.get("token_ids"))
+        block_size = _opt_int(fields.get("block_size"), "block_size") or self.default_block_size
+        if tokens and len(tokens) != len(hashes) * block_size:
+            raise DecodeError(
+                f"{len(tokens)} token ids do not fill {len(hashes)} blocks of {block_size}"
+            )
+        lora_id = fields.get("lora_id")
+        if lora_id is not None and (isinstance(lora_id, bool) or not isinstance(lora_id, int)):
+            raise DecodeError(f"lora_id must be an int or nil, got {type(lora_id).__name__}")
+        lora_name = None if self.engine == "sglang" else fields.get("lora_name")
+        lora_name = _opt_str(lora_name, "lora_name")
+        if lora_name is None and lora_id is not None:
+            lora_name = f"lora-id:{lora_id}"
+        kind = _opt_str(fields.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
+        extra = self._extra_keys(fields, len(hashes), parent is None)
+        group = self._group(fields)
+        tier = self._tier(fields.get("medium"))
+        if tier is None:
+            return None
+        return BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=tokens,
+            block_size=block_size,
+            lora_name=lora_name,
+            medium=tier,
+            group_idx=group,
+            full_attention=kind is None or kind in FULL_ATTENTION_KINDS,
+            extra_keys=extra,
+        )
+
+    def _tokens(self, value: Any) -> tuple[int, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise DecodeError(f"token_ids must be an array, got {type(value).__name__}")
+        if self.engine == "sglang":
+            value = [_bigram_head(t) for t in value]
+        for t in value:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
+                raise DecodeError(f"token ids are ints in [0, 2**32), got {t!r:.40}")
+        return tuple(value)
+
+    def _extra_keys(self, fields: Mapping[Any, Any], blocks: int, root: bool) -> tuple[str, ...]:
+        if self.engine == "sglang":
+            salt = fields.get("cache_salt")
+            metadata = fields.get("metadata")
+            if salt is None and isinstance(metadata, dict):
+                salt = metadata.get("cache_salt")
+            salt = _opt_str(salt, "cache_salt")
+            if salt is None or not root or blocks == 0:
+                return ()
+            return (_canonical([salt]),) + ("",) * (blocks - 1)
+        raw = fields.get("extra_keys")
+        if raw is None:
+            return ()
+        if not isinstance(raw, list) or len(raw) != blocks:
+            raise DecodeError(f"extra_keys must be an array of {blocks} entries (one per block)")
+        if all(entry is None for entry in raw):
+            return ()
+        return tuple("" if entry is None else _canonical(entry) for entry in raw)
+
+
+def _bigram_head(token: Any) -> Any:
+    """SGLang EAGLE pages carry ``[t_j, t_j+1]`` pairs: keep ``t_j``."""
+    if isinstance(token, list):
+        if len(token) != 2:
+            raise DecodeError(f"an EAGLE bigram token has 2 items, got {len(token)}")
+        return token[0]
+    return token
+
+
+def _canonical(entry: Any) -> str:
+    if not isinstance(entry, list):
+        raise DecodeError(f"an extra_keys entry is an array or nil, got {type(entry).__name__}")
+    try:
+        return msgspec.json.encode(entry).decode()
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise DecodeError(f"extra_keys entry cannot be represented: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- sequence
+
+
+@dataclass(frozen=True, slots=True)
+class SeqDecision:
+    """What to do with one batch, by its sequence number.
+
+    ``ok``: apply it. ``duplicate``: already applied (or older): drop it. ``gap``: batches
+    ``missing`` = [start, stop) were not seen: repair them through replay (they then arrive
+    as ``ok``, this batch included) or accept the loss with :meth:`SeqTracker.force`; this
+    batch is not applied yet. ``restart``: the engine restarted: reset that worker's index
+    first; apply the batch when ``missing`` is None, else repair or force as for a gap.
+    """
+
+    verdict: SeqVerdict
+    seq: int
+    expected: int | None
+    missing: tuple[int, int] | None = None
+
+    @property
+    def apply(self) -> bool:
+        return self.missing is None and self.verdict in ("ok", "restart")
+
+    @property
+    def reset_index(self) -> bool:
+        return self.verdict == "restart"
+
+
+@dataclass(slots=True)
+class SeqCounters:
+    ok: int = 0
+    duplicates: int = 0
+    gaps: int = 0
+    restarts: int = 0
+    forced: int = 0
+    lost_batches: int = 0
+
+
+class SeqTracker:
+    """Per-worker sequence tracking for engine batches (pure, no I/O).
+
+    A worker seen for the first time at seq 0 is ``ok``; at seq N > 0 it is a ``gap`` of
+    [0, N). A known worker: ``expected`` is ``ok``; higher is a ``gap``; lower by at most
+    ``restart_window`` is a ``duplicate``; 0, or further back than the window, is a
+    ``restart`` (a PUB socket never repeats a message and replays are asked from the next
+    expected seq, so a 0 from a known worker means a new process). A restart whose first
+    batch we saw at N > 0 is indistinguishable from a gap when N is above the last seq.
+    """
+
+    def __init__(self, restart_window: int = DEFAULT_RESTART_WINDOW) -> None:
+        if restart_window < 1:
+            raise ValueError(f"restart_window must be >= 1, got {restart_window}")
+        self.restart_window = restart_window
+        self.counters = SeqCounters()
+        self._expected: dict[WorkerId, int] = {}
+
+    def expected(self, worker_id: WorkerId) -> int | None:
+        return self._expected.get(worker_id)
+
+    def observe(self, worker_id: WorkerId, seq: int) -> SeqDecision:
+        if seq < 0:
+            raise ValueError(f"seq must be >= 0, got {seq}")
+        expected = self._expected.get(worker_id)
+        if expected is None:
+            if seq == 0:
+                return self._accept(worker_id, seq, None)
+            self.counters.gaps += 1
+            self._expected[worker_id] = 0
+            return SeqDecision("gap", seq, None, (0, seq))
+        if seq == expected:
+            return self._accept(worker_id, seq, expected)
+        if seq > expected:
+            self.counters.gaps += 1
+            return SeqDecision("gap", seq, expected, (expected, seq))
+        last = expected - 1
+        if seq == 0 or last - seq > self.restart_window:
+            self.counters.restarts += 1
+            self._expected[worker_id] = 0 if seq else 1
+            return SeqDecision("restart", seq, expected, (0, seq) if seq else None)
+        self.counters.duplicates += 1
+        return SeqDecision("duplicate", seq, expected)
+
+    def force(self, worker_id: WorkerId, seq: int) -> None:
+        """Give up on repairing: the caller applies batch ``seq`` and continues after it."""
+        expected = self._expected.get(worker_id, 0)
+        self.counters.forced += 1
+        self.counters.lost_batches += max(0, seq - expected)
+        self._expected[worker_id] = seq + 1
+
+    def forget(self, worker_id: WorkerId) -> None:
+        self._expected.pop(worker_id, None)
+
+    def snapshot(self) -> dict[str, int]:
+        """The next expected seq per worker (counters are metrics, not state)."""
+        return {str(worker): seq for worker, seq in self._expected.items()}
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        self._expected = {WorkerId(k): int(v) for k, v in state.items()}
+
+    def _accept(self, worker_id: WorkerId, seq: int, expected: int | None) -> SeqDecision:
+        self.counters.ok += 1
+        self._expected[worker_id] = seq + 1
+        return SeqDecision("ok", seq, expected)

@@ -1,0 +1,159 @@
+"""The engines config file: which engines foretoken listens to, and what they report.
+
+TOML, one ``[[engines]]`` table each::
+
+    [[engines]]
+    worker_id = "w0"
+    model = "kimi-sim"
+    engine = "vllm"            # vllm | sglang | llamacpp
+    engine_version = "0.11.0"
+    tokenizer = "/path/tokenizer.json"   # optional: how the router counts this model's tokens
+    block_size = 16
+    http_url = "http://127.0.0.1:8101"
+    kv_events_url = "tcp://127.0.0.1:5557"   # absent (or kv_events = false): no KV events
+    replay_url = "tcp://127.0.0.1:5558"
+    metrics_url = "http://127.0.0.1:8101/metrics"
+    tiers = ["GPU", "CPU"]
+    eagle = false
+    [engines.scheduler]
+    max_num_batched_tokens = 8192
+    max_num_seqs = 256
+    long_prefill_token_threshold = 0
+
+Each engine becomes a ``WorkerRegistration`` on the ``workers`` topic.
+
+A serial engine (llama.cpp: one request at a time, each prompt prefilled whole) is described
+by its scheduler settings alone — ``max_num_seqs = 1``, ``chunked_prefill = false`` — so the
+queue replay models it like any other engine (see ``fleet/llama_server.py``)::
+
+    [[engines]]
+    worker_id = "llama0"
+    model = "tiny-llama"
+    engine = "llamacpp"
+    http_url = "http://127.0.0.1:8201"
+    kv_events = false
+    reports_cached_tokens = false
+    [engines.scheduler]
+    max_num_batched_tokens = 17408   # the context: a whole prompt fits one step
+    max_num_seqs = 1
+    chunked_prefill = false
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from foretoken.core.types import ModelName, WorkerId
+from foretoken.wire.records import SchedulerSettings, Tier, WorkerEndpoints, WorkerRegistration
+
+EngineKind = Literal["vllm", "sglang", "llamacpp"]
+
+
+class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    worker_id: str
+    model: str
+    engine: EngineKind = "vllm"
+    engine_version: str = "unknown"
+    block_size: int = 16
+    http_url: str
+    kv_events_url: str | None = None
+    replay_url: str | None = None
+    metrics_url: str | None = None
+    kv_topic: str = ""
+    tiers: tuple[Tier, ...] = ("GPU",)
+    eagle: bool = False
+    kv_hash_algo: str = "sha256_cbor"
+    # False: the engine publishes no KV events (llama.cpp, TGI, vLLM without
+    # --kv-events-config); the index then credits it approximately from routed prompts.
+    kv_events: bool = True
+    # The engine reports usage.prompt_tokens_details.cached_tokens (and omits it on a miss).
+    reports_cached_tokens: bool = True
+    gpu_blocks: int | None = None
+    scheduler: SchedulerSettings = SchedulerSettings()
+    # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
+    tokenizer: str | None = None
+
+    def config_hash(self) -> str:
+        """Changes whenever anything that shapes the engine's cost does (a fresh fit)."""
+        relevant = (
+            self.model, self.engine, self.engine_version, self.block_size,
+            self.eagle, self.kv_hash_algo, self.scheduler,
+        )  # fmt: skip
+        return hashlib.sha256(msgspec.json.encode(relevant)).hexdigest()[:16]
+
+    def registration(self, ts: float | None = None) -> WorkerRegistration:
+        return WorkerRegistration(
+            worker_id=WorkerId(self.worker_id),
+            model=ModelName(self.model),
+            engine=self.engine,
+            engine_version=self.engine_version,
+            block_size=self.block_size,
+            scheduler=self.scheduler,
+            kv_hash_algo=self.kv_hash_algo,
+            tiers=self.tiers,
+            endpoints=WorkerEndpoints(
+                http_url=self.http_url,
+                kv_events_url=self.kv_events_url,
+                replay_url=self.replay_url,
+                metrics_url=self.metrics_url,
+            ),
+            eagle=self.eagle,
+            has_kv_events=self.kv_events and self.kv_events_url is not None,
+            reports_cached_tokens=self.reports_cached_tokens,
+            gpu_blocks=self.gpu_blocks,
+            config_hash=self.config_hash(),
+            ts=time.time() if ts is None else ts,
+        )
+
+
+class EnginesFile(msgspec.Struct, kw_only=True, frozen=True):
+    engines: tuple[EngineConfig, ...]
+
+
+class EnginesConfigError(ValueError):
+    pass
+
+
+def load_engines(path: str | Path) -> list[EngineConfig]:
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+        engines = list(msgspec.convert(raw, EnginesFile).engines)
+    except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+        raise EnginesConfigError(f"engines file {path}: {exc}") from exc
+    ids = [e.worker_id for e in engines]
+    if len(set(ids)) != len(ids):
+        raise EnginesConfigError(f"engines file {path}: duplicate worker_id")
+    return engines
+
+
+def dump_engines(engines: list[EngineConfig]) -> str:
+    """TOML text for an engines file (the fleet simulator writes one for what it runs)."""
+    lines: list[str] = []
+    for e in engines:
+        lines.append("[[engines]]")
+        for name in e.__struct_fields__:
+            value = getattr(e, name)
+            if value is None or name == "scheduler":
+                continue
+            lines.append(f"{name} = {_toml_value(value)}")
+        lines.append("[engines.scheduler]")
+        for name in e.scheduler.__struct_fields__:
+            lines.append(f"{name} = {_toml_value(getattr(e.scheduler, name))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return msgspec.json.encode(str(value)).decode()

@@ -1,0 +1,62 @@
+"""Producing records to foretoken topics (aiokafka, idempotent, batched with linger)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaProducer
+
+from foretoken.settings import Settings
+from foretoken.wire.records import RECORD_TYPES, Record, encode
+
+LINGER_MS = 5
+
+
+def record_key(logical: str, record: Record) -> bytes:
+    """The partition key of a record: worker id for worker/kv topics, request id otherwise."""
+    attr = "worker_id" if logical in ("workers", "kv_events", "controls") else "request_id"
+    if logical == "dead_letter":
+        attr = "source"
+    value = getattr(record, attr)
+    return str(value).encode()
+
+
+class RecordProducer:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            enable_idempotence=True,
+            linger_ms=LINGER_MS,
+        )
+
+    async def __aenter__(self) -> RecordProducer:
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._producer.stop()
+
+    async def send(self, logical: str, record: Record) -> None:
+        expected = RECORD_TYPES[logical]
+        if not isinstance(record, expected):
+            raise TypeError(
+                f"topic {logical} takes {expected.__name__}, not {type(record).__name__}"
+            )
+        await self._producer.send(
+            self.settings.topic(logical),
+            value=encode(record, self.settings.wire_format),
+            key=record_key(logical, record),
+        )
+
+    async def send_raw(self, logical: str, value: bytes, key: bytes | None = None) -> None:
+        """Bytes as they are (tests and the demo use it to show dead-lettering)."""
+        await self._producer.send(self.settings.topic(logical), value=value, key=key)
+
+    async def send_all(self, items: Iterable[tuple[str, Record]]) -> None:
+        for logical, record in items:
+            await self.send(logical, record)
+        await self._producer.flush()
+
+    async def flush(self) -> None:
+        await self._producer.flush()

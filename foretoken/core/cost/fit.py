@@ -1,0 +1,496 @@
+"""Each worker's online cost models (PRODUCT.md §1, §3 "Prefill cost model and queue replay").
+
+Pure: numpy and msgspec only. Three models, one robust core:
+
+* :class:`OnlinePrefillFit` learns the cold prefill curve ``C(N) = a·N + b·N²`` (seconds, N
+  prompt tokens) from requests that had nothing cached and nothing else running.
+* :class:`StepCostFit` learns what a queue replay needs beyond that curve: the per-step
+  overhead and the decode cost per running sequence, ``TPOT = overhead + per_seq·running``.
+* :class:`FitRegistry` keeps one of each per ``(worker_id, config_hash)``.
+
+**The core** (:func:`_fit_robust`) fits ``y ≈ θ0·x0 + θ1·x1`` with ``θ ≥ 0`` on a bounded
+window of samples by iteratively reweighted least squares on *relative* residuals
+``y/ŷ − 1`` (engine noise is multiplicative, so an 8k-token prompt and a 512k one count
+alike). It starts from least squares relative to the observations (a stall 10× too slow
+adds at most ~1 to that objective), runs Huber iterations with a weighted-MAD scale, then
+Tukey biweight iterations with the scale frozen, which give stalls and other gross outliers
+weight zero. Each step solves the 2×2 non-negative least squares problem exactly. Samples
+are weighted by exponential decay in sample count (optionally also in time), so the fit
+follows drift: once recent samples carry most of the weight, the robust fit switches to
+them. The uncertainty is the sandwich covariance of the final weighted fit.
+
+Our own IRLS, not statsmodels ``RLM``: RLM has neither non-negativity nor per-sample
+(decay) weights, and measured 4–18× slower per refit of 256 samples. Refits run every
+``refit_every`` samples (the first at once), never on a lookup, which reads a cached value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Generic, TypeVar
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from foretoken.wire.records import FitUsed
+
+FloatArray = npt.NDArray[np.float64]
+
+# The reference deployment (PRODUCT.md §1): 30·N + 37·N² s with N in millions of tokens.
+REFERENCE_A_S_PER_TOKEN: Final = 3.0e-5
+REFERENCE_B_S_PER_TOKEN2: Final = 3.7e-11
+# The conservative default curve, used until a worker has enough cold samples: the
+# component-wise envelope of the curves we know — the reference deployment and the
+# simulator fleets' slowest linear term (a = 1.2e-4) and steepest quadratic term
+# (b = 2.0e-9) — times DEFAULT_SAFETY. Over-predicting a fresh worker only steers traffic
+# toward workers with a known curve for its first few cold requests; under-predicting
+# admits work it cannot serve, the failure foretoken exists to prevent. A deployment that
+# knows its hardware sets its own (FitConfig.default_a, default_b).
+DEFAULT_SAFETY: Final = 1.25
+DEFAULT_A_S_PER_TOKEN: Final = 1.2e-4 * DEFAULT_SAFETY
+DEFAULT_B_S_PER_TOKEN2: Final = 2.0e-9 * DEFAULT_SAFETY
+# Same reasoning for the step costs (simulator fleets: overhead ≤ 15 ms, ≤ 0.3 ms per
+# sequence plus a context-length term that a fit absorbs into per_seq).
+DEFAULT_STEP_OVERHEAD_S: Final = 0.02
+DEFAULT_DECODE_S_PER_SEQ: Final = 2.0e-3
+# Below this many prompt tokens fixed per-request latency (HTTP, one scheduler step)
+# dominates TTFT, and a·N + b·N² (no constant term) does not describe it.
+MIN_COLD_PROMPT_TOKENS: Final = 128
+# A TPOT from fewer output tokens is mostly one step's jitter.
+MIN_DECODE_OUTPUT_TOKENS: Final = 4
+MAD_TO_SIGMA: Final = 1.4826  # MAD → standard deviation for a normal distribution
+MIN_PREDICTION_FRACTION: Final = 1e-9  # ŷ is floored at this fraction of y (finite 1/ŷ)
+SNAPSHOT_VERSION: Final = 1
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True)
+class RobustFitConfig:
+    """The robust, decayed, windowed fit shared by the prefill and the step model."""
+
+    window: int = 256  # samples kept, oldest dropped
+    min_samples: int = 8  # no fit (the default) below this many samples
+    half_life_samples: float | None = 32.0  # a weight halves every this many newer samples
+    half_life_s: float | None = None  # … and/or every this many seconds of sample time
+    refit_every: int = 4  # refit after this many new samples (the first fit at once)
+    huber_c: float = 1.345
+    tukey_c: float = 4.685
+    huber_iterations: int = 2
+    max_iterations: int = 20
+    tolerance: float = 1e-4  # relative change of θ that ends the iterations
+    min_relative_scale: float = 0.01  # floor of the residual scale (noiseless data)
+
+    def __post_init__(self) -> None:
+        if self.min_samples < 2 or self.window < self.min_samples:
+            raise ValueError("min_samples must be >= 2 and window >= min_samples")
+        if self.refit_every < 1 or self.max_iterations < 1:
+            raise ValueError("refit_every and max_iterations must be >= 1")
+        for half_life in (self.half_life_samples, self.half_life_s):
+            if half_life is not None and not half_life > 0:
+                raise ValueError("half-lives must be > 0 (or None for no decay)")
+
+
+@dataclass(frozen=True, slots=True)
+class FitConfig:
+    """Everything the fits use; one value for a whole :class:`FitRegistry`."""
+
+    prefill: RobustFitConfig = RobustFitConfig()
+    # Decode samples come with every completed request, cold samples rarely: refit less often.
+    step: RobustFitConfig = RobustFitConfig(refit_every=16)
+    min_spread: float = 2.0  # a prefill fit needs max N >= min_spread × min N
+    min_running_span: float = 1.0  # a step fit needs max − min mean running >= this
+    default_a: float = DEFAULT_A_S_PER_TOKEN
+    default_b: float = DEFAULT_B_S_PER_TOKEN2
+    default_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    default_per_seq_s: float = DEFAULT_DECODE_S_PER_SEQ
+    max_configs_per_worker: int = 4  # a worker's oldest configurations' fits are dropped
+
+    def __post_init__(self) -> None:
+        defaults = (self.default_a, self.default_b, self.default_overhead_s, self.default_per_seq_s)
+        if self.min_spread < 1 or not self.min_running_span > 0 or min(defaults) < 0:
+            raise ValueError("min_spread >= 1, min_running_span > 0 and defaults >= 0 required")
+        if self.max_configs_per_worker < 1:
+            raise ValueError("max_configs_per_worker must be >= 1")
+
+
+# --------------------------------------------------------------------------- values
+
+Covariance = tuple[float, float, float]  # (var θ0, cov θ0·θ1, var θ1)
+
+
+def _stderr(cov: Covariance | None, index: int) -> float | None:
+    return None if cov is None else math.sqrt(max(cov[2 * index], 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillCurve:
+    """``C(N) = a·N + b·N²`` seconds. ``cov`` = (var a, cov ab, var b); None for a default.
+    ``samples``: what the fit was made from (for a default: collected so far)."""
+
+    a: float
+    b: float
+    samples: int
+    version: int
+    default: bool
+    cov: Covariance | None = None
+
+    @property
+    def stderr_a(self) -> float | None:
+        return _stderr(self.cov, 0)
+
+    @property
+    def stderr_b(self) -> float | None:
+        return _stderr(self.cov, 1)
+
+    def cost_s(self, n_tokens: float) -> float:
+        """Cold prefill seconds of ``n_tokens`` prompt tokens."""
+        return n_tokens * (self.a + self.b * n_tokens)
+
+    def own_prefill_s(self, total_tokens: int, cached_tokens: int) -> float:
+        """``C(total) − C(cached)`` (new tokens still attend to the cached context), written
+        as ``(total − cached)·(a + b·(total + cached))``; cached is clamped to [0, total]."""
+        cached = 0 if cached_tokens < 0 else min(cached_tokens, total_tokens)
+        return (total_tokens - cached) * (self.a + self.b * (total_tokens + cached))
+
+    def cost_stderr_s(self, n_tokens: float) -> float | None:
+        """Standard error of ``cost_s(n_tokens)`` from the covariance (None for a default)."""
+        if self.cov is None:
+            return None
+        var_a, cov_ab, var_b = self.cov
+        n = float(n_tokens)
+        return math.sqrt(max(n * n * (var_a + 2 * n * cov_ab + n * n * var_b), 0.0))
+
+    def to_fit_used(self) -> FitUsed:
+        return FitUsed(
+            a=self.a, b=self.b, samples=self.samples, version=self.version, default=self.default
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """A decode step lasts ``overhead_s + per_seq_s × running``; fields as for the curve."""
+
+    overhead_s: float
+    per_seq_s: float
+    samples: int
+    version: int
+    default: bool
+    cov: Covariance | None = None
+
+    @property
+    def stderr_overhead_s(self) -> float | None:
+        return _stderr(self.cov, 0)
+
+    @property
+    def stderr_per_seq_s(self) -> float | None:
+        return _stderr(self.cov, 1)
+
+    def decode_step_s(self, running: float) -> float:
+        return self.overhead_s + self.per_seq_s * running
+
+
+# --------------------------------------------------------------------------- robust core
+
+
+class _Solution(msgspec.Struct, array_like=True, frozen=True):
+    theta0: float
+    theta1: float
+    cov: Covariance | None
+    samples: int = 0  # the window's size when fitted
+
+
+def _nnls2(sums: FloatArray) -> tuple[float, float] | None:
+    """Minimize ``θᵀGθ − 2hᵀθ`` over θ ≥ 0 exactly, from ``sums = (G00, G01, G11, h0, h1)``:
+    the unconstrained solution if feasible, else the better one-sided one (the KKT points
+    of a convex quadratic). None when a column carries no weight."""
+    g00, g01, g11, h0, h1 = (float(v) for v in sums)
+    if not (g00 > 0 and g11 > 0):
+        return None
+    det = g00 * g11 - g01 * g01
+    if det > 0:
+        th0, th1 = (g11 * h0 - g01 * h1) / det, (g00 * h1 - g01 * h0) / det
+        if th0 >= 0 and th1 >= 0:
+            return th0, th1
+    only0, only1 = max(h0 / g00, 0.0), max(h1 / g11, 0.0)
+    if g00 * only0 * only0 - 2 * h0 * only0 <= g11 * only1 * only1 - 2 * h1 * only1:
+        return only0, 0.0
+    return 0.0, only1
+
+
+def _weighted_median(values: FloatArray, weights: FloatArray) -> float:
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    index = int(np.searchsorted(cumulative, 0.5 * cumulative[-1]))
+    return float(values[order[min(index, len(values) - 1)]])
+
+
+def _fit_robust(
+    x0: FloatArray, x1: FloatArray, y: FloatArray, decay: FloatArray, cfg: RobustFitConfig
+) -> _Solution | None:
+    """Robust non-negative fit of ``y ≈ θ0·x0 + θ1·x1`` on relative residuals (module doc).
+
+    A least-squares step with row weights ``v`` needs only ``G = Σ v·u uᵀ`` and
+    ``h = Σ v·u·y`` (u: the columns scaled to ≤ 1, for conditioning), so the products are
+    formed once and each step is one product ``products @ v``; the relative residual's row
+    scaling ``1/ŷ`` is folded into ``v``.
+    """
+    s0, s1 = float(np.max(np.abs(x0))), float(np.max(np.abs(x1)))
+    if not (s0 > 0 and s1 > 0):
+        return None
+    u = np.stack((x0 / s0, x1 / s1))
+    products = np.stack((u[0] * u[0], u[0] * u[1], u[1] * u[1], u[0] * y, u[1] * y))
+    floor = y * MIN_PREDICTION_FRACTION
+    start = _nnls2(products @ (decay / (y * y)))  # least squares relative to observations
+    if start is None:
+        return None
+    theta = np.array(start)
+    scale = cfg.min_relative_scale
+    for iteration in range(cfg.max_iterations):
+        inv_pred = 1.0 / np.maximum(theta @ u, floor)
+        resid = y * inv_pred - 1.0
+        huber = iteration < cfg.huber_iterations
+        if huber:  # re-estimate the scale while the fit still moves, then freeze it
+            magnitude = np.abs(resid)  # the MAD about zero, as statsmodels' RLM takes it
+            scale = max(MAD_TO_SIGMA * _weighted_median(magnitude, decay), cfg.min_relative_scale)
+            robust = np.minimum(1.0, (cfg.huber_c * scale) / np.maximum(magnitude, scale))
+        else:
+            keep = np.maximum(1.0 - resid * resid * (1.0 / (cfg.tukey_c * scale) ** 2), 0.0)
+            robust = keep * keep
+        step = _nnls2(products @ (decay * robust * inv_pred * inv_pred))
+        if step is None:
+            break
+        new = np.array(step)
+        change = float(np.abs(new - theta).sum())
+        theta = new
+        if not huber and change <= cfg.tolerance * float(theta.sum()):
+            break
+    inv_pred = 1.0 / np.maximum(theta @ u, floor)
+    resid = y * inv_pred - 1.0
+    z2 = resid * resid * (1.0 / (cfg.tukey_c * scale) ** 2)
+    keep = np.maximum(1.0 - z2, 0.0)  # Tukey's ψ(z)/z = keep², ψ'(z) = keep·(1 − 5z²)
+    cov = _sandwich(products[:3], inv_pred, resid, decay * keep * keep, decay * keep * (1 - 5 * z2))
+    if cov is not None:
+        cov = (cov[0] / (s0 * s0), cov[1] / (s0 * s1), cov[2] / (s1 * s1))
+    return _Solution(float(theta[0]) / s0, float(theta[1]) / s1, cov, len(y))
+
+
+def _sandwich(
+    gram_products: FloatArray,
+    inv_pred: FloatArray,
+    resid: FloatArray,
+    weights: FloatArray,
+    slopes: FloatArray,
+) -> Covariance | None:
+    """The M-estimator sandwich ``B⁻¹ M B⁻¹``: ``B = Σ d·ψ'·a aᵀ`` (``slopes``),
+    ``M = Σ (d·w·e)²·a aᵀ`` (``weights`` = d·w), rows ``a = u/ŷ``, relative residuals
+    ``e``; times n/(n − 2) for the n inliers. None if B is not positive definite."""
+    inv2 = inv_pred * inv_pred
+    g00, g01, g11 = (float(v) for v in gram_products @ (slopes * inv2))
+    m00, m01, m11 = (float(v) for v in gram_products @ (weights * weights * resid * resid * inv2))
+    det = g00 * g11 - g01 * g01
+    inliers = int(np.count_nonzero(weights > 0))
+    if not (det > 0 and g00 > 0) or inliers <= 2:
+        return None
+    i00, i01, i11 = g11 / det, -g01 / det, g00 / det
+    correction = inliers / (inliers - 2)
+    c00 = i00 * (i00 * m00 + i01 * m01) + i01 * (i00 * m01 + i01 * m11)
+    c01 = i00 * (i01 * m00 + i11 * m01) + i01 * (i01 * m01 + i11 * m11)
+    c11 = i01 * (i01 * m00 + i11 * m01) + i11 * (i01 * m01 + i11 * m11)
+    return (c00 * correction, c01 * correction, c11 * correction)
+
+
+# --------------------------------------------------------------------------- online fits
+
+
+class FitState(msgspec.Struct, array_like=True, frozen=True):
+    """One online fit's snapshot: its window oldest first as (x, y, ts), its counters and
+    its current solution (restored as is: a restored fit answers exactly as before)."""
+
+    samples: list[tuple[float, float, float, float]]  # (x, y, ts, cached)
+    observed: int
+    version: int
+    pending: int
+    solution: _Solution | None
+
+
+def _positive_finite(*values: float) -> bool:
+    return all(math.isfinite(v) and v > 0 for v in values)
+
+
+V = TypeVar("V", PrefillCurve, StepCost)
+
+
+class _OnlineFit(Generic[V]):
+    """A ring buffer of (x, y, ts) samples, the refit cadence and the cached value (a
+    default until ``_ready``). Subclasses say what x is (columns, spread)."""
+
+    _value_type: type[V]
+
+    def __init__(self, robust: RobustFitConfig, default: tuple[float, float]) -> None:
+        self._robust, self._default = robust, default
+        self._x, self._y = np.zeros(robust.window), np.zeros(robust.window)
+        self._ts, self._seq = np.zeros(robust.window), np.zeros(robust.window)
+        self._c = np.zeros(robust.window)  # cached part of x (prefill samples with a hit)
+        self.samples = 0  # in the window
+        self.observed = 0  # accepted since this fit started
+        self._pushed = 0  # the sequence number of the next sample (ages count in these)
+        self._version = self._pending = 0
+        self._solution: _Solution | None = None
+        self._value: V | None = None
+
+    @property
+    def value(self) -> V:
+        if self._value is None:
+            sol, make = self._solution, self._value_type
+            self._value = (
+                make(*self._default, self.samples, 0, True)
+                if sol is None
+                else make(sol.theta0, sol.theta1, sol.samples, self._version, False, sol.cov)
+            )
+        return self._value
+
+    def refit(self) -> V:
+        """Refit now (normally automatic every ``refit_every`` samples)."""
+        self._refit()
+        return self.value
+
+    def _add(self, x: float, y: float, ts: float, c: float = 0.0) -> bool:
+        if not (_positive_finite(y) and math.isfinite(x) and math.isfinite(ts)):
+            return False
+        self._push(x, y, ts, c)
+        self.observed += 1
+        self._pending += 1
+        self._value = None
+        due = self._solution is None or self._pending >= self._robust.refit_every
+        if due and self._ready():
+            self._refit()
+        return True
+
+    def _push(self, x: float, y: float, ts: float, c: float = 0.0) -> None:
+        slot = self._pushed % len(self._x)
+        self._x[slot], self._y[slot], self._ts[slot], self._seq[slot] = x, y, ts, self._pushed
+        self._c[slot] = c
+        self._pushed += 1
+        self.samples = min(self.samples + 1, len(self._x))
+
+    def _refit(self) -> None:
+        self._pending, self._value = 0, None
+        if not self._ready():  # too few samples or too little spread: keep what we have
+            return
+        n, cfg = self.samples, self._robust
+        seq, ts = self._seq[:n], self._ts[:n]
+        log2_weight = np.zeros(n)
+        if cfg.half_life_samples is not None:
+            log2_weight -= (seq.max() - seq) / cfg.half_life_samples
+        if cfg.half_life_s is not None:
+            log2_weight -= (ts.max() - ts) / cfg.half_life_s
+        x0, x1 = self._columns(self._x[:n], self._c[:n])
+        solution = _fit_robust(x0, x1, self._y[:n], np.exp2(log2_weight), cfg)
+        if solution is not None:
+            self._solution = solution
+            self._version += 1
+
+    def _ready(self) -> bool:
+        if self.samples < self._robust.min_samples:
+            return False
+        x = self._x[: self.samples]
+        return self._spread_ok(float(x.min()), float(x.max()))
+
+    def _spread_ok(self, lowest: float, highest: float) -> bool:
+        raise NotImplementedError
+
+    def _columns(self, x: FloatArray, c: FloatArray) -> tuple[FloatArray, FloatArray]:
+        raise NotImplementedError
+
+    def state(self) -> FitState:
+        order = np.argsort(self._seq[: self.samples], kind="stable")
+        rows = [
+            (float(self._x[i]), float(self._y[i]), float(self._ts[i]), float(self._c[i]))
+            for i in order
+        ]
+        return FitState(rows, self.observed, self._version, self._pending, self._solution)
+
+    def load_state(self, state: FitState) -> None:
+        """Take a snapshot's samples, counters and solution into this (fresh) fit."""
+        rows = state.samples[-len(self._x) :]
+        for x, y, ts, c in rows:
+            self._push(x, y, ts, c)
+        self.observed = max(state.observed, len(rows))
+        self._version, self._pending = state.version, state.pending
+        self._solution, self._value = state.solution, None
+
+
+class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
+    """The cold prefill curve ``C(N) = a·N + b·N²`` of one worker configuration.
+
+    Feed it COLD requests only (:func:`select_cold_sample`): nothing cached and nothing
+    else running, so TTFT ≈ prefill. Until ``min_samples`` samples span ``min_spread`` in
+    N (one prompt size cannot tell a from b), :attr:`curve` is the conservative default
+    (``default=True``, see ``DEFAULT_A_S_PER_TOKEN``); then the robust fit of the module
+    doc. TTFT also holds the engine's step overheads (about one per
+    ``max_num_batched_tokens`` tokens), which ``a`` absorbs.
+    """
+
+    _value_type = PrefillCurve
+
+    def __init__(self, config: FitConfig = FitConfig()) -> None:
+        super().__init__(config.prefill, (config.default_a, config.default_b))
+        self.config = config
+
+    def observe(self, n_tokens: int, seconds: float, ts: float, cached_tokens: int = 0) -> bool:
+        """Add one prefill sample: a prompt of ``n_tokens`` of which the engine reused
+        ``cached_tokens``, alone on the worker, so seconds ≈ C(N) − C(cached) (new tokens
+        attend to the cached context: the regressors are N − c and N² − c², which is the
+        cold case when c = 0). False (ignored) unless the uncached part and seconds are > 0."""
+        fresh = n_tokens - cached_tokens
+        return (
+            fresh > 0
+            and cached_tokens >= 0
+            and self._add(float(n_tokens), seconds, ts, float(cached_tokens))
+        )
+
+    @property
+    def curve(self) -> PrefillCurve:
+        return self.value
+
+    def _spread_ok(self, lowest: float, highest: float) -> bool:
+        return highest >= self.config.min_spread * lowest
+
+    def _columns(self, x: FloatArray, c: FloatArray) -> tuple[FloatArray, FloatArray]:
+        return x - c, x * x - c * c
+
+
+class StepCostFit(_OnlineFit[StepCost]):
+    """Per-step overhead and decode cost per running sequence of one worker configuration.
+
+    A sample is one completed request: its time per output token
+    (:func:`time_per_output_token_s`) and the mean number of requests running on the worker
+    while it decoded (the caller's count, itself included). Robust non-negative fit of
+    ``TPOT = overhead + per_seq·running``; the default until ``min_samples`` samples span
+    ``min_running_span`` in running. Context-length costs are absorbed into the two
+    figures; steps slowed by prefill chunks of others are down-weighted as outliers.
+    """
+
+    _value_type = StepCost
+
+    def __init__(self, config: FitConfig = FitConfig()) -> None:
+        super().__init__(config.step, (config.default_overhead_s, config.default_per_seq_s))
+        self.config = config
+
+    def observe(self, tpot_s: float, mean_running: float, ts: float) -> bool:
+        """Add one sample; False (ignored) unless tpot_s > 0 and mean_running >= 1."""
+        return mean_running >= 1 and self._add(mean_running, tpot_s, ts)
+
+    @property
+    def cost(self) -> StepCost:
+        return self.value
+
+    def _spread_ok(self, lowest: float, highest: float) -> bool:
+        return highest - lowest >= self.config.min_running_span
+
+    def _columns(self, x: FloatArray, c: FloatArray) -> tuple[FloatArray, FloatArray]:
+        return np.ones_like(x), x

@@ -1,0 +1,317 @@
+"""Choosing fit samples and keeping one fit per worker configuration.
+
+* :func:`select_cold_sample` and :func:`time_per_output_token_s` say which observations feed
+  the fits of :mod:`foretoken.core.cost.fit`;
+* :class:`FitRegistry` keeps one :class:`~foretoken.core.cost.fit.OnlinePrefillFit` and one
+  :class:`~foretoken.core.cost.fit.StepCostFit` per ``(worker_id, config_hash)``: a configuration
+  change starts fresh fits, the old ones are kept under their own key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from foretoken.core.cost.fit import (
+    MIN_COLD_PROMPT_TOKENS,
+    MIN_DECODE_OUTPUT_TOKENS,
+    SNAPSHOT_VERSION,
+    FitConfig,
+    FitState,
+    OnlinePrefillFit,
+    PrefillCurve,
+    StepCost,
+    StepCostFit,
+    _positive_finite,
+)
+from foretoken.core.types import WorkerId
+from foretoken.wire.records import Graded, WorkerRegistration
+
+# --------------------------------------------------------------------------- sample selection
+
+# Unknown reuse on an approximate cache view: a request whose credited (approximately cached)
+# part is at most 1/NEAR_COLD_SHARE of its prompt is a prefill sample with the credit as its
+# cached part. Whatever the engine really reused of that part, C(credited) is at most about
+# 1/NEAR_COLD_SHARE of C(prompt), so the sample is off by no more than that.
+NEAR_COLD_SHARE: Final = 16
+
+
+def time_per_output_token_s(
+    e2e_s: float | None,
+    ttft_s: float | None,
+    output_tokens: int | None,
+    min_output_tokens: int = MIN_DECODE_OUTPUT_TOKENS,
+) -> float | None:
+    """``(e2e − ttft) / (output_tokens − 1)``, or None when that is not a usable TPOT."""
+    if e2e_s is None or ttft_s is None or output_tokens is None:
+        return None
+    if output_tokens < max(min_output_tokens, 2) or not _positive_finite(e2e_s - ttft_s):
+        return None
+    return (e2e_s - ttft_s) / (output_tokens - 1)
+
+
+def select_cold_sample(
+    graded: Graded,
+    *,
+    others_running: bool,
+    min_prompt_tokens: int = MIN_COLD_PROMPT_TOKENS,
+    trust_index_when_engine_silent: bool = False,
+) -> bool:
+    """Whether a graded request is a cold prefill sample (its TTFT ≈ C(prompt_tokens)).
+
+    True iff it was served (admitted, on a worker, a finite TTFT > 0); nothing was cached;
+    nothing else ran on that worker between grant and first token (``others_running``,
+    from the caller's queue model) and the predictor saw no queue ahead
+    (``queue_tokens_ahead == 0``); and the prompt has at least ``min_prompt_tokens`` tokens
+    (below that, fixed latency dominates). Explore and fallback grants are accepted: they
+    change which worker served, not what was measured.
+
+    "Nothing was cached" is what can be known about the worker:
+
+    * the engine reports cached tokens: it reported a known 0 (None means it did not say,
+      and a hit we cannot see would make the sample look fast);
+    * the engine never reports them but publishes KV events: only with
+      ``trust_index_when_engine_silent``, when the index credited nothing and its view
+      was exact (vLLM omits the field on a miss);
+    * the engine reports nothing at all (``cache_source == "approximate"``: no KV events,
+      unknown reuse): a first request for a never-seen prefix — the approximate index
+      credited nothing, i.e. no block of this prompt's prefix was routed to that worker by
+      us within the TTL and capacity of :mod:`foretoken.core.index.approx` — on an idle worker.
+    """
+    if graded.status != "served" or not graded.admitted or graded.worker_id is None:
+        return False
+    ttft = graded.actual_ttft_s
+    if ttft is None or not _positive_finite(ttft) or graded.prompt_tokens < min_prompt_tokens:
+        return False
+    if others_running or graded.queue_tokens_ahead > 0:
+        return False
+    if graded.engine_cached_tokens is None:
+        if graded.credited_cached_tokens != 0:
+            return False
+        if graded.cache_source == "approximate":
+            return True
+        return trust_index_when_engine_silent and not graded.approximate_cache
+    return graded.engine_cached_tokens == 0
+
+
+def prefill_sample_cached(graded: Graded, *, others_running: bool) -> int | None:
+    """The engine-reported cached tokens if this graded request is a prefill sample, else
+    None. Like :func:`select_cold_sample`, but a request whose prefix the engine reused is
+    a sample too when the engine said exactly how much it reused: alone on the worker, its
+    TTFT ≈ C(N) − C(cached). Traces where every prompt shares a system prompt (Mooncake:
+    every request starts with the same block) have no fully cold request after the first.
+
+    Unknown reuse (the engine never says): by the rule of :func:`select_cold_sample` for
+    engines without KV events (never-seen prefix, idle worker), and also when the
+    approximate view credited at most 1/``NEAR_COLD_SHARE`` of the prompt, with that credit
+    as the cached part ("nearly cold": a shared system prompt would otherwise leave such an
+    engine one sample per worker).
+    """
+    cached = graded.engine_cached_tokens
+    if cached is None:
+        credited = graded.credited_cached_tokens
+        if (
+            graded.cache_source == "approximate"
+            and credited * NEAR_COLD_SHARE <= graded.prompt_tokens
+        ):
+            probe = msgspec.structs.replace(graded, credited_cached_tokens=0)
+            return credited if select_cold_sample(probe, others_running=others_running) else None
+        return 0 if select_cold_sample(graded, others_running=others_running) else None
+    if graded.prompt_tokens - cached < MIN_COLD_PROMPT_TOKENS:
+        return None  # too few new tokens to measure a prefill
+    probe = msgspec.structs.replace(graded, engine_cached_tokens=0)
+    return cached if select_cold_sample(probe, others_running=others_running) else None
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(slots=True)
+class WorkerFits:
+    """The fits of one (worker, configuration). ``busy`` is the bootstrap fit from
+    back-to-back first tokens (:meth:`FitRegistry.observe_busy`), used only while
+    ``prefill`` (cold samples) is still on its default; it is not snapshotted."""
+
+    prefill: OnlinePrefillFit
+    step: StepCostFit
+    introduced: int  # the registry's clock when this configuration was first seen
+    busy: OnlinePrefillFit | None = None
+
+    @property
+    def curve(self) -> PrefillCurve:
+        cold = self.prefill.curve
+        if cold.default and self.busy is not None and not self.busy.curve.default:
+            return self.busy.curve
+        return cold
+
+    @property
+    def source(self) -> str:
+        """Which samples the current curve comes from: cold, busy or default."""
+        if not self.prefill.curve.default:
+            return "cold"
+        return "busy" if self.curve is not self.prefill.curve else "default"
+
+
+class _EntryState(msgspec.Struct, frozen=True):
+    worker_id: str
+    config_hash: str
+    introduced: int
+    prefill: FitState
+    step: FitState
+
+
+class RegistrySnapshot(msgspec.Struct, frozen=True):
+    version: int
+    clock: int
+    current: dict[str, str]
+    registered: list[str]
+    entries: list[_EntryState]
+
+
+_CURVE_COLUMNS: Final = ("a", "b", "samples", "version", "default", "stderr_a", "stderr_b")
+_STEP_COLUMNS: Final = ("overhead_s", "per_seq_s", "stderr_overhead_s", "stderr_per_seq_s")
+
+
+class FitRegistry:
+    """One :class:`OnlinePrefillFit` and :class:`StepCostFit` per ``(worker_id, config_hash)``.
+
+    A worker's *current* configuration is the one its latest registration names
+    (:meth:`apply_registration`); for a worker never registered, the newest configuration
+    seen in its samples. A new configuration starts fresh fits; older ones stay under their
+    own key (up to ``max_configs_per_worker``), so a late sample from before a restart lands
+    in its own configuration's fit, and a revert resumes the old fit.
+    """
+
+    def __init__(self, config: FitConfig = FitConfig()) -> None:
+        self.config = config
+        self._fits: dict[tuple[WorkerId, str], WorkerFits] = {}
+        self._current: dict[WorkerId, str] = {}
+        self._registered: set[WorkerId] = set()
+        self._clock = 0
+        self._default_curve = OnlinePrefillFit(config).curve
+        self._default_step = StepCostFit(config).cost
+
+    def apply_registration(self, registration: WorkerRegistration) -> None:
+        """A registration sets the worker's current configuration; ``removed`` forgets it."""
+        worker = registration.worker_id
+        if registration.removed:
+            for key in [key for key in self._fits if key[0] == worker]:
+                del self._fits[key]
+            self._current.pop(worker, None)
+            self._registered.discard(worker)
+            return
+        self._registered.add(worker)
+        self._current[worker] = registration.config_hash
+        self._entry(worker, registration.config_hash)
+
+    def observe_cold(
+        self, worker_id: WorkerId, config_hash: str, n_tokens: int, seconds: float, ts: float,
+        cached_tokens: int = 0,
+    ) -> bool:  # fmt: skip
+        """A prefill sample (:func:`prefill_sample_cached`); False if it was ignored."""
+        fit = self._for_sample(worker_id, config_hash).prefill
+        return fit.observe(n_tokens, seconds, ts, cached_tokens)
+
+    def observe_busy(
+        self, worker_id: WorkerId, config_hash: str, n_tokens: int, seconds: float, ts: float,
+        cached_tokens: int = 0,
+    ) -> bool:  # fmt: skip
+        """A busy-period sample: the time between the worker's previous first token and
+        this request's, when it had been queued since before the previous one (the engine
+        worked without a pause, the prompt's prefill was most of it). Such samples carry
+        other work (decode steps, a chunk done before) and so only bootstrap a worker that
+        never gets a cold sample — one that is never idle, from its first request on."""
+        fits = self._for_sample(worker_id, config_hash)
+        if fits.busy is None:
+            fits.busy = OnlinePrefillFit(self.config)
+        return fits.busy.observe(n_tokens, seconds, ts, cached_tokens)
+
+    def observe_decode(
+        self, worker_id: WorkerId, config_hash: str, tpot_s: float, mean_running: float, ts: float
+    ) -> bool:
+        """A decode sample (:class:`StepCostFit`); False if it was ignored."""
+        return self._for_sample(worker_id, config_hash).step.observe(tpot_s, mean_running, ts)
+
+    def _for_sample(self, worker: WorkerId, config_hash: str) -> WorkerFits:
+        new = (worker, config_hash) not in self._fits
+        if worker not in self._registered and (new or worker not in self._current):
+            self._current[worker] = config_hash
+        return self._entry(worker, config_hash)
+
+    def _entry(self, worker: WorkerId, config_hash: str) -> WorkerFits:
+        fits = self._fits.get((worker, config_hash))
+        if fits is None:
+            cfg = self.config
+            fits = WorkerFits(OnlinePrefillFit(cfg), StepCostFit(cfg), self._clock)
+            self._clock += 1
+            self._fits[(worker, config_hash)] = fits
+            mine = sorted(
+                (f.introduced, key[1]) for key, f in self._fits.items() if key[0] == worker
+            )
+            keep = {config_hash, self._current.get(worker)}
+            excess = len(mine) - self.config.max_configs_per_worker
+            for old in [h for _, h in mine if h not in keep][: max(excess, 0)]:
+                del self._fits[(worker, old)]
+        return fits
+
+    def config_hash(self, worker_id: WorkerId) -> str | None:
+        return self._current.get(worker_id)
+
+    def fits(self, worker_id: WorkerId, config_hash: str | None = None) -> WorkerFits | None:
+        """A configuration's fits (by default the worker's current one); None if unknown."""
+        key = config_hash if config_hash is not None else self._current.get(worker_id)
+        return None if key is None else self._fits.get((worker_id, key))
+
+    def curve(self, worker_id: WorkerId) -> PrefillCurve:
+        """The worker's current prefill curve (the default for a worker not seen yet)."""
+        fits = self.fits(worker_id)
+        return self._default_curve if fits is None else fits.curve
+
+    def step_cost(self, worker_id: WorkerId) -> StepCost:
+        fits = self.fits(worker_id)
+        return self._default_step if fits is None else fits.step.cost
+
+    def describe(self) -> list[dict[str, object]]:
+        """One row per (worker, configuration), newest configuration first, for a web page."""
+        rows: list[dict[str, object]] = []
+        ordered = sorted(self._fits.items(), key=lambda kv: (kv[0][0], -kv[1].introduced))
+        for (worker, config_hash), fits in ordered:
+            curve, step = fits.curve, fits.step.cost
+            current = self._current.get(worker) == config_hash
+            row: dict[str, object] = {"worker_id": worker, "config_hash": config_hash}
+            row |= {"current": current, "observed": fits.prefill.observed}
+            row |= {"source": fits.source, "busy_observed": fits.busy.observed if fits.busy else 0}
+            row |= {name: getattr(curve, name) for name in _CURVE_COLUMNS}
+            row |= {name: getattr(step, name) for name in _STEP_COLUMNS}
+            row |= {"step_samples": step.samples, "step_default": step.default}
+            rows.append(row)
+        return rows
+
+    def snapshot(self) -> bytes:
+        """Everything needed to rebuild the fits (their sample windows), as msgpack."""
+        entries = [
+            _EntryState(worker, config_hash, f.introduced, f.prefill.state(), f.step.state())
+            for (worker, config_hash), f in self._fits.items()
+        ]
+        current = {str(worker): config_hash for worker, config_hash in self._current.items()}
+        snap = RegistrySnapshot(
+            SNAPSHOT_VERSION, self._clock, current, sorted(self._registered), entries
+        )
+        return msgspec.msgpack.encode(snap)
+
+    def restore(self, data: bytes) -> None:
+        """Replace this registry's state with a snapshot's (refitting the stored windows)."""
+        snap = msgspec.msgpack.decode(data, type=RegistrySnapshot)
+        if snap.version != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported fit snapshot version {snap.version}")
+        self._fits = {}
+        for e in snap.entries:
+            fits = WorkerFits(OnlinePrefillFit(self.config), StepCostFit(self.config), e.introduced)
+            fits.prefill.load_state(e.prefill)
+            fits.step.load_state(e.step)
+            self._fits[(WorkerId(e.worker_id), e.config_hash)] = fits
+        self._current = {WorkerId(w): h for w, h in snap.current.items()}
+        self._registered = {WorkerId(w) for w in snap.registered}
+        self._clock = snap.clock

@@ -1,0 +1,619 @@
+"""The live KV-cache index (PRODUCT.md §3 "Cache index"): pure, no I/O.
+
+Layout (chosen for ingest speed and memory; measured by ``bench/index_bench.py``):
+
+* A *space* per (model, block size) names blocks by foretoken's own chained content hash
+  (:mod:`foretoken.core.index.content_hash`). Each worker of the space owns one bit (its slot); for
+  every tier and every 64 slots the space keeps one ``dict`` own hash → int bitmask of the
+  workers holding that block in that tier. A lookup reads one mask per block and tier and
+  walks all workers of the space at once (:mod:`foretoken.core.index.walk`).
+* Per worker (:class:`~foretoken.core.index.state.Worker`), a ``dict`` engine hash → own hash, so
+  removals (which carry only engine hashes) resolve, plus the rare extras: duplicate
+  physical copies (copies beyond the first, per tier), and for store-only producers an LRU
+  of own hash → last store/lookup time.
+
+The per-block work of a batch runs in C loops: ``map`` over ``dict.setdefault`` (stores:
+one pass per map, the entries it inserted are the table's last ones) and ``dict.pop``
+(removals: pop optimistically, put back if anything is unusual). Python-level loops only
+run for the rare cases: duplicate copies, re-mapped engine hashes, removals of blocks
+that are absent, copied, or unknown. Own hashes and single-holder masks are int objects
+shared between the structures (memory per (block, worker) entry, not per structure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice, repeat
+from typing import cast
+
+import msgspec
+import numpy as np
+
+from foretoken.core.index import content_hash
+from foretoken.core.index.state import (
+    TIERS,
+    ApplyStats,
+    CacheHit,
+    IndexState,
+    Space,
+    SpaceState,
+    Worker,
+    share_ints,
+    tier_index,
+)
+from foretoken.core.index.walk import walk
+from foretoken.core.types import ModelName, WorkerId
+from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, IndexReset, KvEventBatch
+
+SNAPSHOT_VERSION = 1
+# apply() keeps its per-call stats and sums them into the totals this often (amortized).
+FOLD_STATS_EVERY = 1024
+ENGINE_KEY_MASK = content_hash.HASH_MASK
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(IndexState)
+
+
+class PrefixIndex:
+    """Which workers hold which prefix of a prompt, in which tier."""
+
+    def __init__(self, *, salt: bytes = b"") -> None:
+        self._salt = salt
+        self._workers: dict[WorkerId, Worker] = {}
+        self._spaces: dict[tuple[str, int], Space] = {}
+        self._models: dict[str, list[Space]] = {}
+        self._totals = ApplyStats()
+        self._done: list[ApplyStats] = []  # per-call stats not yet folded into the totals
+        self._touches: list[tuple[Worker, list[int], float]] = []
+
+    # ------------------------------------------------------------------ workers
+
+    def register_worker(
+        self,
+        worker_id: WorkerId,
+        model: ModelName,
+        block_size: int,
+        *,
+        eagle: bool = False,
+        store_only_ttl_s: float | None = None,
+        capacity_blocks: int | None = None,
+    ) -> None:
+        """Add a worker (or update its flags; a new model or block size starts it afresh)."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if store_only_ttl_s is not None and not store_only_ttl_s > 0:
+            raise ValueError("store_only_ttl_s must be > 0")
+        if capacity_blocks is not None and capacity_blocks < 1:
+            raise ValueError("capacity_blocks must be >= 1")
+        old = self._workers.get(worker_id)
+        if old is not None and (old.model != model or old.block_size != block_size):
+            self.remove_worker(worker_id)
+            old = None
+        if old is None:
+            space = self._space(model, block_size)
+            old = Worker(worker_id, model, space, space.take_slot())
+            space.place(old)
+            self._workers[worker_id] = old
+        old.eagle = eagle
+        old.configure_store_only(store_only_ttl_s, capacity_blocks)
+
+    def remove_worker(self, worker_id: WorkerId) -> None:
+        worker = self._workers.pop(worker_id, None)
+        if worker is None:
+            return
+        self._clear(worker, None)
+        worker.space.free(worker)
+        self._touches = [t for t in self._touches if t[0] is not worker]
+
+    def reset_worker(self, worker_id: WorkerId, reason: str) -> None:
+        """Forget a worker's blocks (e.g. an unrepairable sequence gap); its hits are then
+        flagged approximate until the engine clears its whole cache (``AllCleared``)."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            stats = ApplyStats()
+            self._done.append(stats)
+            self._reset(worker, reason, stats)
+
+    def _space(self, model: str, block_size: int) -> Space:
+        key = (model, block_size)
+        space = self._spaces.get(key)
+        if space is None:
+            space = Space(model, block_size, self._salt)
+            self._spaces[key] = space
+            self._models.setdefault(model, []).append(space)
+            self._models[model].sort(key=lambda s: s.block_size)
+        return space
+
+    # ------------------------------------------------------------------ events
+
+    def apply(self, batch: KvEventBatch, now_s: float) -> ApplyStats:
+        """Apply one normalized engine batch; ``now_s`` is a monotonic clock.
+
+        The returned stats are also summed into :attr:`totals` (treat them as read-only).
+        """
+        stats = self._new_stats(batches=1)
+        worker = self._workers.get(batch.worker_id)
+        if worker is None:
+            stats.unknown_worker_batches = 1
+            return stats
+        if worker.model != batch.model:
+            stats.model_mismatch_batches = 1
+            return stats
+        if self._touches:
+            self._apply_touches()
+        for event in batch.events:
+            kind = type(event)
+            if kind is BlockStored:
+                self._store(worker, event, now_s, stats)  # type: ignore[arg-type]
+            elif kind is BlockRemoved:
+                self._remove(worker, event, stats)  # type: ignore[arg-type]
+            elif kind is AllCleared:
+                medium = event.medium  # type: ignore[union-attr]
+                self._clear(worker, None if medium is None else tier_index(medium))
+                stats.clears += 1
+            elif kind is IndexReset:
+                self._reset(worker, event.reason, stats)  # type: ignore[union-attr]
+        worker.last_seq[batch.dp_rank] = batch.seq
+        if worker.lru is not None and worker.sweep_due(now_s):
+            self._sweep(worker, now_s, stats)
+        return stats
+
+    def observe_served(self, worker_id: WorkerId, own_hashes: Sequence[int], now_s: float) -> int:
+        """Approximate mode (:mod:`foretoken.core.index.approx`): a prompt (its own hashes in the
+        worker's space, :meth:`hash_prompt`) was served by a worker that publishes no KV
+        events, so its blocks are taken as cached there now. Only aged (store-only)
+        workers learn this way; returns the number of blocks newly filed."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.lru is None or not len(own_hashes):
+            return 0
+        stats = self._new_stats()
+        if self._touches:
+            self._apply_touches()
+        # Tail first: the LRU then drops a prompt's last blocks before its prefix.
+        owns = [h & ENGINE_KEY_MASK for h in reversed(_int_list(own_hashes))]
+        gpu, bit = tier_index("GPU"), worker.bit
+        table = worker.space.masks[gpu][worker.word]
+        new = [own for own in owns if not table.get(own, 0) & bit]
+        if new:
+            self._add(worker, new, new, gpu, now_s, stats)
+        worker.touch(owns, owns, now_s)  # refresh the blocks it held already
+        if worker.sweep_due(now_s) or len(worker.lru) > (worker.capacity or len(worker.lru)):
+            self._sweep(worker, now_s, stats)
+        return len(new)
+
+    def age(self, now_s: float) -> None:
+        """Sweep the aged (store-only) workers whose sweep is due (cheap when none is)."""
+        for worker in self._workers.values():
+            if worker.lru is not None and worker.sweep_due(now_s):
+                if self._touches:
+                    self._apply_touches()
+                self._sweep(worker, now_s, self._new_stats())
+
+    def maintain(self, now_s: float) -> ApplyStats:
+        """Age out store-only entries of every worker now (``apply`` does it lazily)."""
+        stats = ApplyStats()
+        self._done.append(stats)
+        self._apply_touches()
+        for worker in self._workers.values():
+            if worker.lru is not None:
+                self._sweep(worker, now_s, stats)
+        return stats
+
+    def _store(self, worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -> None:
+        if not event.full_attention:
+            worker.nonfull_groups.add(event.group_idx)
+            stats.ignored_blocks += len(event.block_hashes)
+            return
+        hashes = _engine_keys(event.block_hashes)
+        tier = tier_index(event.medium)
+        if not event.token_ids:
+            self._move(worker, hashes, tier, now_s, stats)
+            return
+        if event.block_size != worker.block_size:
+            stats.block_size_mismatch_blocks += len(hashes)
+            return
+        seed = None
+        parent = event.parent_block_hash
+        if parent is not None:
+            seed = worker.emap.get(parent & ENGINE_KEY_MASK)
+            if seed is None:
+                stats.unknown_parents += 1
+        if seed is None:
+            seed = worker.space.seed(event.lora_name)
+        owns = content_hash.chain(seed, event.token_ids, worker.block_size, event.extra_keys)
+        if len(owns) != len(hashes):
+            stats.malformed_blocks += abs(len(hashes) - len(owns))
+            hashes = hashes[: len(owns)]
+            owns = owns[: len(hashes)]
+        self._add(worker, hashes, owns, tier, now_s, stats)
+
+    def _move(
+        self, worker: Worker, hashes: Sequence[int], tier: int, now_s: float, stats: ApplyStats
+    ) -> None:
+        """A store without token ids (offload connectors): the block moved or copied tiers."""
+        found = list(map(worker.emap.get, hashes))
+        if None in found:
+            pairs = [(e, o) for e, o in zip(hashes, found, strict=True) if o is not None]
+            stats.unknown_moves += len(found) - len(pairs)
+            hashes = [e for e, _ in pairs]
+            found = [o for _, o in pairs]
+        self._add(worker, hashes, cast(list[int], found), tier, now_s, stats)
+
+    def _add(
+        self,
+        worker: Worker,
+        hashes: Sequence[int],
+        owns: list[int],
+        tier: int,
+        now_s: float,
+        stats: ApplyStats,
+    ) -> None:
+        """File stored blocks: engine map, then this worker's bit in the tier's table."""
+        olds = list(map(worker.emap.setdefault, hashes, owns))
+        if olds != owns:
+            self._remap(worker, hashes, owns, olds, stats)
+        worker.tiers.add(tier)
+        table = worker.space.masks[tier][worker.word]
+        stats.stored_blocks += len(owns)
+        before = len(table)
+        masks = list(map(table.setdefault, owns, repeat(worker.bit)))
+        added = len(table) - before
+        worker.counts[tier] += added
+        if added != len(owns):  # some blocks were known: other holders, or copies of ours
+            self._add_known(worker, owns, masks, added, tier, table, stats)
+        if worker.lru is not None:
+            worker.touch(hashes, owns, now_s)
+
+    def _add_known(
+        self,
+        worker: Worker,
+        owns: list[int],
+        masks: list[int],
+        added: int,
+        tier: int,
+        table: dict[int, int],
+        stats: ApplyStats,
+    ) -> None:
+        """Finish a store whose ``setdefault`` pass found existing entries. The entries
+        it inserted are the table's last ``added`` keys (dicts keep insertion order)."""
+        bit, dups = worker.bit, worker.dups[tier]
+        inserted = set(islice(reversed(table), added))
+        for own, mask in zip(owns, masks, strict=True):
+            if mask is bit and own in inserted:
+                inserted.discard(own)  # a second copy within this event is a duplicate
+                continue
+            mask = table[own]  # fresh: an earlier block of this event may have changed it
+            if mask & bit:
+                dups[own] = dups.get(own, 0) + 1
+                stats.duplicate_stores += 1
+            else:
+                table[own] = mask | bit
+                worker.counts[tier] += 1
+
+    def _remap(
+        self,
+        worker: Worker,
+        hashes: Sequence[int],
+        owns: list[int],
+        olds: list[int],
+        stats: ApplyStats,
+    ) -> None:
+        """An engine hash now names other content (e.g. its parent was unknown before):
+        what was filed under the old own hash is dropped for this worker."""
+        for engine_hash, own, old in zip(hashes, owns, olds, strict=True):
+            if old != own:
+                stats.remapped_blocks += 1
+                self._forget(worker, old)
+                worker.emap[engine_hash] = own
+
+    def _remove(self, worker: Worker, event: BlockRemoved, stats: ApplyStats) -> None:
+        if event.group_idx in worker.nonfull_groups:
+            stats.ignored_blocks += len(event.block_hashes)
+            return
+        hashes = _engine_keys(event.block_hashes)
+        tier = tier_index(event.medium)
+        table = worker.space.masks[tier][worker.word]
+        bit = worker.bit
+        # Optimistic: pop from both maps in C loops, undo if anything is unusual.
+        found = list(map(worker.emap.pop, hashes, repeat(None)))
+        owns = cast(list[int], found)  # a None (unknown hash) pops mask 0: the undo path
+        masks = list(map(table.pop, owns, repeat(0)))
+        dups = worker.dups[tier]
+        if all(map(bit.__and__, masks)) and (not dups or dups.keys().isdisjoint(owns)):
+            if masks.count(bit) != len(masks):  # blocks other workers hold too
+                table.update([(o, m ^ bit) for o, m in zip(owns, masks, strict=True) if m != bit])
+            worker.counts[tier] -= len(owns)
+            stats.removed_blocks += len(owns)
+            held = owns
+            if len(worker.tiers) > 1:
+                held = self._refile_held(worker, hashes, held)
+            if worker.lru is not None:
+                worker.untouch(held)
+            return
+        for own, mask in zip(owns, masks, strict=True):
+            if mask:
+                table[own] = mask
+        worker.emap.update((e, o) for e, o in zip(hashes, found, strict=True) if o is not None)
+        self._remove_each(worker, hashes, tier, table, stats)
+
+    def _refile_held(self, worker: Worker, hashes: Sequence[int], owns: list[int]) -> list[int]:
+        """After removing from one tier: engine hashes of blocks still held in another tier
+        go back into the map. Returns the blocks gone from the worker."""
+        bit, held = worker.bit, [False] * len(owns)
+        for tier in worker.tiers:
+            masks = map(worker.space.masks[tier][worker.word].get, owns, repeat(0))
+            held = [h or bool(m & bit) for h, m in zip(held, masks, strict=True)]
+        if not any(held):
+            return owns
+        worker.emap.update((e, o) for e, o, h in zip(hashes, owns, held, strict=True) if h)
+        return [o for o, h in zip(owns, held, strict=True) if not h]
+
+    def _remove_each(
+        self,
+        worker: Worker,
+        hashes: Sequence[int],
+        tier: int,
+        table: dict[int, int],
+        stats: ApplyStats,
+    ) -> None:
+        bit, dups, emap = worker.bit, worker.dups[tier], worker.emap
+        for engine_hash in hashes:
+            own = emap.get(engine_hash)
+            if own is None:
+                stats.unknown_removals += 1
+                continue
+            extra = dups.get(own)
+            if extra:
+                if extra > 1:
+                    dups[own] = extra - 1
+                else:
+                    del dups[own]
+                stats.removed_blocks += 1
+                continue
+            mask = table.get(own, 0)
+            if not mask & bit:
+                stats.absent_removals += 1
+                continue
+            mask ^= bit
+            if mask:
+                table[own] = mask
+            else:
+                del table[own]
+            worker.counts[tier] -= 1
+            stats.removed_blocks += 1
+            if not worker.holds(own):
+                del emap[engine_hash]
+                if worker.lru is not None:
+                    worker.untouch([own])
+
+    def _forget(self, worker: Worker, own: int) -> None:
+        """Drop every copy of one block on one worker, in every tier."""
+        bit = worker.bit
+        for tier in worker.tiers:
+            table = worker.space.masks[tier][worker.word]
+            mask = table.get(own, 0)
+            if mask & bit:
+                mask ^= bit
+                if mask:
+                    table[own] = mask
+                else:
+                    del table[own]
+                worker.counts[tier] -= 1
+            worker.dups[tier].pop(own, None)
+        if worker.lru is not None:
+            engine_hash = worker.untouch([own])
+            if engine_hash is not None and worker.emap.get(engine_hash) == own:
+                del worker.emap[engine_hash]
+
+    def _clear(self, worker: Worker, tier: int | None) -> None:
+        """Clear-all, for one tier or all of them."""
+        tiers = list(worker.tiers) if tier is None else [tier]
+        owns = set(worker.emap.values())
+        bit = worker.bit
+        for t in tiers:
+            table = worker.space.masks[t][worker.word]
+            for own in owns:
+                mask = table.get(own, 0)
+                if mask & bit:
+                    mask ^= bit
+                    if mask:
+                        table[own] = mask
+                    else:
+                        del table[own]
+            worker.counts[t] = 0
+            worker.dups[t].clear()
+        if tier is None:
+            worker.emap.clear()
+            worker.tiers.clear()
+            worker.approximate = False
+            if worker.lru is not None:
+                worker.lru.clear()
+                worker.rev.clear()
+            return
+        worker.tiers.discard(tier)
+        gone = [(e, o) for e, o in worker.emap.items() if not worker.holds(o)]
+        for engine_hash, own in gone:
+            del worker.emap[engine_hash]
+            if worker.lru is not None:
+                worker.untouch([own])
+
+    def _reset(self, worker: Worker, reason: str, stats: ApplyStats) -> None:
+        self._clear(worker, None)
+        worker.approximate = True
+        worker.resets += 1
+        worker.reset_reason = reason
+        stats.resets += 1
+
+    # ------------------------------------------------------------------ store-only
+
+    def _sweep(self, worker: Worker, now_s: float, stats: ApplyStats) -> None:
+        """Age out (TTL) and trim (capacity, least recently stored or looked up first)."""
+        expired, trimmed = worker.victims(now_s)
+        for own in expired + trimmed:
+            self._forget(worker, own)
+        stats.expired_blocks += len(expired)
+        stats.trimmed_blocks += len(trimmed)
+        worker.schedule_sweep(now_s)
+
+    def _apply_touches(self) -> None:
+        touches, self._touches = self._touches, []
+        for worker, owns, now_s in touches:
+            worker.refresh(owns, now_s)
+
+    # ------------------------------------------------------------------ lookups
+
+    def hash_prompt(
+        self,
+        model: ModelName,
+        block_size: int,
+        token_ids: Sequence[int] | np.ndarray,
+        *,
+        lora_name: str | None = None,
+        extra_keys: Sequence[str] = (),
+    ) -> np.ndarray:
+        """Own hashes (uint64) of the prompt's full blocks in the (model, block size) space."""
+        seed = content_hash.root_seed(self._salt, model, block_size, lora_name)
+        tokens = content_hash.as_python_ints(token_ids)
+        owns = content_hash.chain(seed, tokens, block_size, extra_keys)
+        return np.array(owns, dtype=np.uint64)
+
+    def lookup(
+        self,
+        model: ModelName,
+        token_ids: Sequence[int] | np.ndarray | None = None,
+        *,
+        own_hashes: Mapping[int, Sequence[int] | np.ndarray] | None = None,
+        lora_name: str | None = None,
+        extra_keys: Sequence[str] = (),
+        now_s: float | None = None,
+    ) -> dict[WorkerId, CacheHit]:
+        """Longest cached prefix of every worker of ``model``, per tier, in one pass.
+
+        ``own_hashes`` (block size → own hashes, e.g. from :meth:`hash_prompt`) wins over
+        ``token_ids`` for the block sizes it covers. ``now_s`` refreshes the matched blocks
+        of store-only workers (applied lazily with the next batch).
+        """
+        hits: dict[WorkerId, CacheHit] = {}
+        tokens = None if token_ids is None else content_hash.as_python_ints(token_ids)
+        for space in self._models.get(model, ()):
+            given = None if own_hashes is None else own_hashes.get(space.block_size)
+            if given is not None:
+                blocks: Iterable[list[int]] = [_int_list(given)]
+            elif tokens is not None:
+                blocks = space.hash_chunks(tokens, lora_name, extra_keys)
+            else:
+                blocks = []
+            matched, hashes = walk(space, blocks)
+            for worker in space.workers():
+                hit = matched.hit(worker)
+                hits[worker.worker_id] = hit
+                if now_s is not None and worker.lru is not None and hit.tokens:
+                    self._touches.append((worker, hashes[: matched.blocks(worker)], now_s))
+        return hits
+
+    # ------------------------------------------------------------------ state
+
+    def stats(self) -> dict[str, object]:
+        """Blocks per tier per worker, resets and counters (the ``/v1/cache`` page)."""
+        workers = {}
+        for worker in self._workers.values():
+            workers[worker.worker_id] = {
+                "model": worker.model,
+                "block_size": worker.block_size,
+                "eagle": worker.eagle,
+                "store_only": worker.lru is not None,
+                "approximate": worker.approximate,
+                "resets": worker.resets,
+                "last_reset_reason": worker.reset_reason,
+                "last_seq": dict(worker.last_seq),
+                "blocks": {TIERS[t]: worker.counts[t] for t in range(len(TIERS))},
+                "engine_hashes": len(worker.emap),
+                "duplicate_copies": sum(sum(d.values()) for d in worker.dups),
+            }
+        spaces = [
+            {
+                "model": s.model,
+                "block_size": s.block_size,
+                "workers": sum(1 for _ in s.workers()),
+                "entries": {TIERS[t]: sum(map(len, s.masks[t])) for t in range(len(TIERS))},
+            }
+            for s in self._spaces.values()
+        ]
+        return {"workers": workers, "spaces": spaces, "counters": msgspec.to_builtins(self.totals)}
+
+    @property
+    def totals(self) -> ApplyStats:
+        """Everything ``apply`` / ``maintain`` / ``reset_worker`` did since the start."""
+        self._fold_stats()
+        return self._totals
+
+    def _new_stats(self, batches: int = 0) -> ApplyStats:
+        """A call's stats, kept for the totals (folded before, never after, it is added)."""
+        if len(self._done) >= FOLD_STATS_EVERY:
+            self._fold_stats()
+        stats = ApplyStats(batches=batches)
+        self._done.append(stats)
+        return stats
+
+    def _fold_stats(self) -> None:
+        if self._done:
+            self._totals = ApplyStats.total([self._totals, *self._done])
+            self._done = []
+
+    def last_seq(self, worker_id: WorkerId) -> dict[int, int]:
+        """Per data-parallel rank, the seq of the last batch applied (to resume ingest)."""
+        worker = self._workers.get(worker_id)
+        return {} if worker is None else dict(worker.last_seq)
+
+    def snapshot(self) -> bytes:
+        """The whole state as msgpack; ``restore`` gives back an equal index."""
+        self._apply_touches()
+        state = IndexState(
+            version=SNAPSHOT_VERSION,
+            fingerprint=content_hash.scheme_fingerprint(),
+            salt=self._salt,
+            workers=[w.to_state() for w in self._workers.values()],
+            spaces=[
+                SpaceState(s.model, s.block_size, s.tables_state()) for s in self._spaces.values()
+            ],
+            totals=self.totals,
+        )
+        return _encoder.encode(state)
+
+    @classmethod
+    def restore(cls, data: bytes) -> PrefixIndex:
+        state = _decoder.decode(data)
+        if state.version != SNAPSHOT_VERSION:
+            raise ValueError(
+                f"snapshot version {state.version}, this build reads {SNAPSHOT_VERSION}"
+            )
+        if state.fingerprint != content_hash.scheme_fingerprint():
+            raise ValueError("snapshot hashed by another Python implementation; rebuild it")
+        index = cls(salt=state.salt)
+        for space_state in state.spaces:
+            index._space(space_state.model, space_state.block_size).load_tables(space_state.tables)
+        for worker_state in state.workers:
+            space = index._space(worker_state.model, worker_state.block_size)
+            worker = Worker.from_state(worker_state, space)
+            space.place(worker)
+            index._workers[worker.worker_id] = worker
+        for space in index._spaces.values():
+            share_ints(space)
+        index._totals = state.totals
+        return index
+
+
+def _engine_keys(hashes: Sequence[int]) -> list[int]:
+    """Engine hashes as map keys: the low 60 bits (two-digit ints, 32 bytes instead of 48;
+    two blocks of one worker collide with odds ~1e-7 at a million blocks)."""
+    return list(map(ENGINE_KEY_MASK.__and__, hashes))
+
+
+def _int_list(values: Sequence[int] | np.ndarray) -> list[int]:
+    if isinstance(values, np.ndarray):
+        converted: list[int] = values.astype(np.uint64, copy=False).tolist()
+        return converted
+    return list(values)
+
+
+__all__ = ["TIERS", "ApplyStats", "CacheHit", "PrefixIndex"]

@@ -1,0 +1,213 @@
+"""The in-flight estimate: a running simulation of one worker's engine over the requests
+sent to it (PRODUCT.md §3 "Queue replay").
+
+The worker never reports prefill progress, so :class:`InFlightEstimate` keeps a running
+simulation of the engine from the requests' send times, advanced lazily to each
+prediction's ``now`` and corrected by what is observed (a first token completes a
+prefill; a completion removes a request). A request without a first token is never
+presented as done: it keeps at least one chunk.
+
+Predictions read the queue's recorded future (:class:`~foretoken.core.queue.future.Future`),
+replayed once per change of the estimate (or of the worker's cost curve) and shared by
+every request asked about in between.
+"""
+
+from __future__ import annotations
+
+from itertools import compress
+
+from foretoken.core.queue.future import Future
+from foretoken.core.queue.scheduler import (
+    _DECODING,
+    _PREFILLING,
+    _WAITING,
+    MIN_OUTPUT_TOKENS_LEFT,
+    NewRequest,
+    Phase,
+    QueueState,
+    ReplayResult,
+    SeqState,
+    StepCost,
+    _admission_order,
+    _Scheduler,
+    _Seq,
+    prefill_span,
+)
+from foretoken.wire.records import SchedulerSettings
+
+
+class InFlightEstimate:
+    """A running simulation of one worker's engine over the requests sent to it, keyed
+    by an id, advanced lazily (:meth:`advance`) and corrected by observations."""
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.settings = settings
+        self._scheduler = _Scheduler(settings, retire=False)
+        self._seqs: dict[object, _Seq] = {}
+        self._version = 0  # bumped by every change of the simulation
+        self._future: Future | None = None
+        self._future_version = -1
+
+    @property
+    def running_count(self) -> int:
+        return self._scheduler.running_count
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._seqs
+
+    def advance(self, until_s: float, cost: StepCost) -> None:
+        """Simulate every step that starts before ``until_s`` (the last may end after it)."""
+        scheduler = self._scheduler
+        before = (scheduler.steps, scheduler.free_at_s)
+        while scheduler.run_stretch(cost, until_s):
+            pass
+        if (scheduler.steps, scheduler.free_at_s) != before:
+            self._version += 1
+
+    def arrive(
+        self, key: object, at_s: float, prompt_tokens: int, cached_tokens: int, output_tokens: int
+    ) -> None:
+        """A request reaches the engine's waiting queue at ``at_s`` (after :meth:`advance`
+        to ``at_s``; an earlier ``at_s`` is taken as a late correction)."""
+        if key in self._seqs:
+            return
+        self._version += 1
+        first, prompt = prefill_span(prompt_tokens, cached_tokens)
+        seq = _Seq(first, first, prompt, max(output_tokens, MIN_OUTPUT_TOKENS_LEFT), key)
+        self._wake(at_s)
+        self._scheduler.waiting.append(seq)
+        self._seqs[key] = seq
+
+    def first_token(self, key: object, at_s: float) -> None:
+        """The request's first token was seen: its prompt is done, it decodes."""
+        seq = self._seqs.get(key)
+        if seq is None or seq.seen:
+            return
+        self._version += 1
+        seq.seen = True
+        scheduler = self._scheduler
+        if seq.where == _DECODING:
+            return
+        if seq.where == _WAITING:
+            self._wake(at_s)
+            scheduler.waiting.remove(seq)
+            seq.order = scheduler.next_order
+            scheduler.next_order += 1
+        else:
+            scheduler.prefilling.remove(seq)
+        seq.computed = seq.end
+        scheduler.start_decoding(seq, seq.expected - 1)
+
+    def remove(self, key: object) -> None:
+        seq = self._seqs.pop(key, None)
+        if seq is None:
+            return
+        self._version += 1
+        scheduler = self._scheduler
+        if seq.where == _WAITING:
+            scheduler.waiting.remove(seq)
+        elif seq.where == _PREFILLING:
+            scheduler.prefilling.remove(seq)
+        else:
+            scheduler.drop_decoder(seq)
+
+    def phase(self, key: object) -> Phase | None:
+        seq = self._seqs.get(key)
+        if seq is None:
+            return None
+        if seq.seen:
+            return "decoding"
+        return "queued" if seq.where == _WAITING else "prefilling"
+
+    def prefill_tokens_left(self, key: object) -> int | None:
+        """Prompt tokens still to compute (clamped: ≥ one chunk without a first token)."""
+        seq = self._seqs.get(key)
+        if seq is None:
+            return None
+        if seq.seen:
+            return 0
+        return seq.end - self._unconfirmed(seq).computed
+
+    def state(self) -> QueueState:
+        """The estimate as a replay starts from it (see :meth:`predict`)."""
+        scheduler, _ = self._replay_copy()
+        base = scheduler.steps
+        running = [(s.order, SeqState(s.end, s.computed, s.left)) for s in scheduler.prefilling]
+        running += [
+            (order, SeqState(s.end, s.end, done - base))
+            for order, done, s in zip(
+                scheduler.dec_orders, scheduler.dec_done, scheduler.dec_seqs, strict=True
+            )
+        ]
+        running.sort(key=lambda item: item[0])
+        return QueueState(
+            free_at_s=scheduler.free_at_s,
+            running=tuple(state for _, state in running),
+            waiting=tuple(SeqState(s.end, s.computed, s.left) for s in scheduler.waiting),
+        )
+
+    def predict(self, new_request: NewRequest, now_s: float, cost: StepCost) -> ReplayResult:
+        """:func:`~foretoken.core.queue.scheduler.replay_until_first_token` from :meth:`state`
+        (after
+        :meth:`advance`). A request without a first token has at least its last chunk to
+        compute and all its output left; one with a first token has what the simulation
+        has not yet produced of its expected output (at least one token)."""
+        return self.future(now_s, cost).first_token(new_request, now_s)
+
+    def drain_s(self, now_s: float, cost: StepCost) -> float:
+        """:func:`~foretoken.core.queue.scheduler.projected_drain_s` from :meth:`state` (after
+        :meth:`advance`)."""
+        return self.future(now_s, cost).drain_s(now_s)
+
+    def future(self, now_s: float, cost: StepCost) -> Future:
+        """The queue's recorded future, replayed again only when the simulation or the
+        cost changed since the last one."""
+        future = self._future
+        if future is None or self._future_version != self._version or future.cost != cost:
+            scheduler, tokens_ahead = self._replay_copy()
+            future = Future.record(scheduler, self.settings, now_s, cost, tokens_ahead)
+            self._future, self._future_version = future, self._version
+        return future
+
+    def _wake(self, at_s: float) -> None:
+        scheduler = self._scheduler
+        if scheduler.idle:
+            scheduler.free_at_s = max(scheduler.free_at_s, at_s)
+
+    def _unconfirmed(self, seq: _Seq) -> _Seq:
+        """A copy of a running sequence without a first token, keeping its last chunk."""
+        computed = min(seq.computed, seq.end - self._scheduler.min_chunk(seq))
+        copy = _Seq(seq.first, computed, seq.end, seq.expected, seq.key)
+        copy.order = seq.order
+        copy.where = _PREFILLING
+        return copy
+
+    def _replay_copy(self) -> tuple[_Scheduler, int]:
+        """A scheduler for a replay of the future, at the estimate's step count (decoders
+        are shared: a replay never changes them), and the prefill tokens it has left."""
+        source = self._scheduler
+        scheduler = _Scheduler(self.settings, retire=True)
+        scheduler.free_at_s = source.free_at_s
+        scheduler.next_order = source.next_order
+        scheduler.steps = base = source.steps
+        prefilling = [self._unconfirmed(s) for s in source.prefilling]
+        seen = [s.seen for s in source.dec_seqs]
+        if all(seen):
+            scheduler.dec_orders = source.dec_orders.copy()
+            scheduler.dec_done = source.dec_done.copy()
+            scheduler.dec_seqs = source.dec_seqs.copy()
+        else:  # the estimate ran ahead of the engine: those keep their last chunk
+            prefilling += [self._unconfirmed(s) for s in source.dec_seqs if not s.seen]
+            prefilling.sort(key=_admission_order)
+            scheduler.dec_orders = list(compress(source.dec_orders, seen))
+            scheduler.dec_done = list(compress(source.dec_done, seen))
+            scheduler.dec_seqs = list(compress(source.dec_seqs, seen))
+        done = scheduler.dec_done
+        if done and min(done) < base + MIN_OUTPUT_TOKENS_LEFT:  # outlived their estimate
+            scheduler.dec_done = [max(d, base + MIN_OUTPUT_TOKENS_LEFT) for d in done]
+        scheduler.prefilling = prefilling
+        for seq in source.waiting:
+            scheduler.waiting.append(_Seq(seq.first, seq.computed, seq.end, seq.expected))
+        tokens_ahead = sum(s.end - s.computed for s in prefilling)
+        tokens_ahead += sum(s.end - s.computed for s in scheduler.waiting)
+        return scheduler, tokens_ahead
