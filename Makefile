@@ -35,6 +35,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy foretoken tests
+	$(BIN)/lint-imports
 
 # `make demo ENGINES=llama`: real llama.cpp engines instead of the simulated fleet.
 ENGINES ?= sim

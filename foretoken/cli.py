@@ -405,9 +405,9 @@ def dashboard(
 ) -> None:
     """The Streamlit dashboard over a grading lake."""
     import os
-    from pathlib import Path
 
-    app_path = Path(__file__).resolve().parent / "adapters" / "dashboard" / "app.py"
+    from foretoken.adapters.dashboard import APP_PATH as app_path
+
     args = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless",
             "true", "--server.port", str(port), "--browser.gatherUsageStats", "false",
             "--", "--lake", lake]  # fmt: skip

@@ -1,9 +1,17 @@
 """One typed settings object for every foretoken process (house rule 6).
 
 Precedence, lowest first: the defaults below (they work on a laptop), a TOML file named by
-``FORETOKEN_CONFIG`` (or passed explicitly), then environment variables. Every environment
-variable is listed in ``ENV_VARS`` so that docker-compose.yml and the docs can be checked
-against it by a test.
+``FORETOKEN_CONFIG`` (or passed explicitly), then environment variables: the named ones of
+``ENV_VARS`` (docker-compose.yml and the docs are checked against it by a test), and for
+every other setting ``FORETOKEN__<SECTION>__<KEY>`` (double underscores between the parts
+of its dotted path, e.g. ``FORETOKEN__PREDICTOR__EXPLORE_FRACTION=0.05`` or
+``FORETOKEN__FITS__PREFILL__WINDOW=128``). The core's own configuration types (predictor,
+fits, join, controls) are nested here as they are; the core never imports this module.
+
+Errors name the key and where its value came from; an unknown key is an error, not a typo
+silently ignored; cross-field rules are checked in :meth:`Settings.__post_init__`.
+:func:`describe_settings` gives every effective value with its source
+(``foretoken config show``).
 """
 
 from __future__ import annotations
@@ -15,6 +23,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+
+from foretoken.core.cost.fit import FitConfig, RobustFitConfig
+from foretoken.core.grading.join import JoinConfig
+from foretoken.core.index.protocol import IndexBackend
+from foretoken.core.routing.classes import ControlSettings, WorkloadClass
+from foretoken.core.routing.config import PredictorConfig
+
+__all__ = [
+    "ENV_VARS",
+    "ControlSettings",
+    "FitConfig",
+    "JoinConfig",
+    "PredictorConfig",
+    "RobustFitConfig",
+    "Settings",
+    "SettingsError",
+    "WorkloadClass",
+    "describe_settings",
+    "load_settings",
+    "load_settings_with_sources",
+]
+GENERIC_ENV_PREFIX = "FORETOKEN__"
 
 
 class SettingsError(ValueError):
@@ -108,78 +138,10 @@ class LakeSettings(msgspec.Struct, kw_only=True, frozen=True):
     compact_after_s: float = 300.0
 
 
-class WorkloadClass(msgspec.Struct, kw_only=True, frozen=True):
-    """A workload class (issue #8): its TTFT objective at a percentile, the latency it
-    expects outside the queue (own prefill, network) and a safety margin give its
-    queue-time budget; plus the bound its requests get by default, and its priority."""
+class IndexSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """Which backend of the cache index the processor runs (core.index.protocol)."""
 
-    objective_ttft_s: float = 30.0
-    percentile: float = 95.0
-    non_queue_latency_s: float = 2.0
-    margin_s: float = 1.0
-    # Applied when a request of this class names no max_queue_wait_s (None: no bound).
-    max_queue_wait_s: float | None = None
-    # Higher = more important; admission control rejects lower priorities first.
-    priority: int = 0
-    # Protected classes are never rejected by the admission control of the latency controls.
-    protected: bool = False
-
-    def __post_init__(self) -> None:
-        if not 50.0 <= self.percentile < 100.0:
-            raise ValueError(f"percentile must be within [50, 100), got {self.percentile}")
-        if self.queue_budget_s <= 0:
-            raise ValueError(
-                f"objective_ttft_s ({self.objective_ttft_s}) leaves no queue-time budget "
-                f"after non_queue_latency_s + margin_s"
-            )
-
-    @property
-    def queue_budget_s(self) -> float:
-        """objective − non-queue latency − margin: what the queue may take at the tail."""
-        return self.objective_ttft_s - self.non_queue_latency_s - self.margin_s
-
-
-class ControlSettings(msgspec.Struct, kw_only=True, frozen=True):
-    """The staged latency controls (``predictor/controls.py``); thresholds are fractions of
-    each class's queue budget."""
-
-    enabled: bool = True
-    default_class: str = "default"
-    classes: dict[str, WorkloadClass] = msgspec.field(
-        default_factory=lambda: {"default": WorkloadClass()}
-    )
-    window_s: float = 60.0
-    min_samples: int = 20
-    warn_fraction: float = 0.5
-    reroute_fraction: float = 0.75
-    admission_fraction: float = 1.0
-    # A stage is left when the tail stays below this fraction of its threshold (hysteresis).
-    recovery_fraction: float = 0.7
-    # A breach (or a recovery) must last this long before the stage changes.
-    breach_s: float = 10.0
-    recovery_s: float = 20.0
-    evaluate_every_s: float = 1.0
-    # Reroute and admission need pressure on the worker: at least this many prompt tokens
-    # queued there at some point in the window (or arrivals > first tokens, or timeouts).
-    corroborating_queue_tokens: int = 8192
-    # Retry-After of a request turned away by admission control.
-    admission_retry_after_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.default_class not in self.classes:
-            raise ValueError(f"default_class {self.default_class!r} is not among the classes")
-        if not 0 < self.warn_fraction <= self.reroute_fraction <= self.admission_fraction:
-            raise ValueError("need 0 < warn_fraction <= reroute_fraction <= admission_fraction")
-        if not 0 < self.recovery_fraction < 1:
-            raise ValueError("recovery_fraction must be within (0, 1)")
-        if self.window_s <= 0 or self.min_samples < 1:
-            raise ValueError("window_s must be > 0 and min_samples >= 1")
-
-    def workload_class(self, name: str | None) -> tuple[str, WorkloadClass]:
-        """The class of that name; unknown or empty names fall back to the default class."""
-        if name and name in self.classes:
-            return name, self.classes[name]
-        return self.default_class, self.classes[self.default_class]
+    backend: IndexBackend = "python"
 
 
 class Settings(msgspec.Struct, kw_only=True, frozen=True):
@@ -191,11 +153,40 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     router: RouterSettings = RouterSettings()
     lake: LakeSettings = LakeSettings()
     controls: ControlSettings = ControlSettings()
+    # The route service's decisions, the fits of the cost models, the grading join's timings.
+    predictor: PredictorConfig = msgspec.field(default_factory=PredictorConfig)
+    fits: FitConfig = msgspec.field(default_factory=FitConfig)
+    join: JoinConfig = msgspec.field(default_factory=JoinConfig)
+    index: IndexSettings = IndexSettings()
     wire_format: Literal["json", "msgpack"] = "json"
     state_dir: str = "~/.local/state/foretoken"
     cache_dir: str = "~/.cache/foretoken"
     # Where the traces live (empty: the ones shipped in the repository, data/traces).
     traces_dir: str = ""
+
+    def __post_init__(self) -> None:
+        """Rules that span fields (each message names its keys)."""
+        r, w = self.router, self.worker
+        if not 0 < r.min_queue_wait_s <= r.max_queue_wait_s:
+            raise ValueError(
+                f"router.min_queue_wait_s ({r.min_queue_wait_s}) must be > 0 and <= "
+                f"router.max_queue_wait_s ({r.max_queue_wait_s})"
+            )
+        if not 0 < w.heartbeat_interval_s < w.session_timeout_s:
+            raise ValueError(
+                f"worker.heartbeat_interval_s ({w.heartbeat_interval_s}) must be > 0 and below "
+                f"worker.session_timeout_s ({w.session_timeout_s})"
+            )
+        if self.join.expiry_interval_s >= self.predictor.outstanding_max_age_s:
+            raise ValueError(
+                f"join.expiry_interval_s ({self.join.expiry_interval_s}) must be below "
+                f"predictor.outstanding_max_age_s ({self.predictor.outstanding_max_age_s})"
+            )
+        if self.layout.partitions < 1 or self.layout.replication_factor < 1:
+            raise ValueError("layout.partitions and layout.replication_factor must be >= 1")
+        unknown = set(self.layout.compacted) - set(self.topics.__struct_fields__)
+        if unknown:
+            raise ValueError(f"layout.compacted names unknown topics: {sorted(unknown)}")
 
     def topic(self, name: str) -> str:
         """The full topic name for a logical topic (``kv_events`` → ``<prefix>kv-events``)."""
@@ -265,26 +256,128 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node = tree
     *parents, leaf = dotted.split(".")
     for part in parents:
-        node = node.setdefault(part, {})
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SettingsError(f"setting {dotted}: {part} is a value, not a section")
+        node = child
     node[leaf] = value
 
 
-def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Build the settings from defaults, an optional TOML file, and the environment."""
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        out.update(_flatten(value, path) if isinstance(value, dict) else {path: value})
+    return out
+
+
+def _fields_of(kind: Any) -> dict[str, Any] | None:
+    """Field name → type of a Struct or dataclass; None for anything else."""
+    import dataclasses
+    import typing
+
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        hints = typing.get_type_hints(kind)
+        return {f: hints[f] for f in kind.__struct_fields__}
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        return {f.name: hints[f.name] for f in dataclasses.fields(kind)}
+    return None
+
+
+def _check_known(tree: dict[str, Any], kind: Any, prefix: str = "") -> None:
+    """Every key of ``tree`` names a field of ``kind`` (recursively): a typo is an error."""
+    import typing
+
+    fields = _fields_of(kind)
+    if fields is None:
+        return
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            raise SettingsError(f"unknown setting {path!r} (known: {', '.join(sorted(fields))})")
+        sub = fields[key]
+        if typing.get_origin(sub) is dict and isinstance(value, dict):
+            _, item = typing.get_args(sub)
+            for name, entry in value.items():
+                if isinstance(entry, dict):
+                    _check_known(entry, item, f"{path}.{name}.")
+        elif isinstance(value, dict):
+            _check_known(value, sub, f"{path}.")
+
+
+def _generic_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``FORETOKEN__A__B=value`` → ``{"a.b": value}`` (every setting has such a variable)."""
+    out: dict[str, str] = {}
+    for var, value in env.items():
+        if var.startswith(GENERIC_ENV_PREFIX) and value != "":
+            parts = var[len(GENERIC_ENV_PREFIX) :].lower().split("__")
+            if all(parts):
+                out[".".join(parts)] = value
+    return out
+
+
+def _error_path(exc: msgspec.ValidationError) -> str | None:
+    text = str(exc)
+    marker = " - at `$."
+    if marker in text:
+        return text.rsplit(marker, 1)[1].rstrip("`").split("[")[0]
+    return None
+
+
+def load_settings_with_sources(
+    path: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> tuple[Settings, dict[str, str]]:
+    """The settings and, per dotted key set by a file or the environment, where it came
+    from (``"file <path>"`` or ``"env <VAR>"``); every other key is a default."""
     env = os.environ if env is None else env
     tree: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     file = path or env.get("FORETOKEN_CONFIG")
     if file:
         try:
             tree = tomllib.loads(Path(file).read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise SettingsError(f"cannot read settings file {file}: {exc}") from exc
+        sources.update(dict.fromkeys(_flatten(tree), f"file {file}"))
+    for dotted, value in _generic_env(env).items():
+        _set_path(tree, dotted, value)
+        sources[dotted] = f"env {GENERIC_ENV_PREFIX}{dotted.upper().replace('.', '__')}"
     for var, dotted in ENV_VARS.items():
         if env.get(var):
             _set_path(tree, dotted, env[var])
+            sources[dotted] = f"env {var}"
     if env.get("KAFKA_BOOTSTRAP_SERVERS"):
         _set_path(tree, "kafka.external", True)
+        sources["kafka.external"] = "env KAFKA_BOOTSTRAP_SERVERS"
+    _check_known(tree, Settings)
     try:
-        return msgspec.convert(tree, Settings, strict=False)
-    except (msgspec.ValidationError, ValueError) as exc:
+        return msgspec.convert(tree, Settings, strict=False), sources
+    except msgspec.ValidationError as exc:
+        where = _error_path(exc)
+        origin = next((src for key, src in sources.items() if where and key.startswith(where)),
+                      None)  # fmt: skip
+        suffix = f" (from {origin})" if origin else ""
+        what = f"invalid setting {where}" if where else "invalid settings"
+        raise SettingsError(f"{what}: {exc}{suffix}") from exc
+    except ValueError as exc:  # cross-field rules
         raise SettingsError(f"invalid settings: {exc}") from exc
+
+
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Build the settings from defaults, an optional TOML file, and the environment."""
+    return load_settings_with_sources(path, env)[0]
+
+
+def describe_settings(settings: Settings, sources: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+    """Every effective setting as (dotted key, value, source), sorted by key."""
+    flat = _flatten(msgspec.to_builtins(settings))
+    rows = []
+    for key in sorted(flat):
+        source = sources.get(key) or next(
+            (src for k, src in sources.items() if key.startswith(k + ".")), "default"
+        )
+        rows.append((key, flat[key], source))
+    return rows

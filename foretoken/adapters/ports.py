@@ -40,3 +40,18 @@ def in_use(host: str, port: int) -> bool:
     """Whether something accepts connections on ``host:port``."""
     with socket.socket() as sock:
         return sock.connect_ex((host, port)) == 0
+
+
+def host_port(bootstrap: str) -> tuple[str, int]:
+    first = bootstrap.split(",")[0].strip()
+    host, _, port = first.rpartition(":")
+    return (host or "127.0.0.1"), int(port)
+
+
+def accepts_connections(bootstrap: str, timeout_s: float = 0.5) -> bool:
+    host, port = host_port(bootstrap)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

@@ -57,10 +57,10 @@ import numpy as np
 
 from foretoken.core.types import RequestId, WorkerId
 from foretoken.sim.policy import (
+    Arrival,
     Decision,
     FleetLedger,
     FleetView,
-    RouteRequest,
     RoutingPolicy,
     make_policy,
 )
@@ -216,9 +216,9 @@ def warm_started_replica(fleet: FleetSpec, cold: dict[str, list[tuple[int, float
     (through the fit registry's own ``observe_cold``), then keep learning online."""
     replica = PredictorPolicy.for_fleet(fleet, seed=SEED)
     for worker, samples in cold.items():
-        config_hash = replica.predictor.workers[WorkerId(worker)].config_hash
+        config_hash = replica.core.directory[WorkerId(worker)].config_hash
         for n, ttft_s in samples:
-            replica.predictor.fits.observe_cold(WorkerId(worker), config_hash, n, ttft_s, 0.0)
+            replica.service.fits.observe_cold(WorkerId(worker), config_hash, n, ttft_s, 0.0)
     return replica
 
 
@@ -236,7 +236,7 @@ class ShadowBaselines:
         self.awaiting: dict[WorkerId, dict[RequestId, _Ahead]] = {}
         self.predictions: dict[RequestId, tuple[float, ...]] = {}
 
-    def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+    def decide(self, request: Arrival, fleet: FleetView) -> Decision:
         decision = self.inner.decide(request, fleet)
         worker = decision.worker_id
         if worker is None:

@@ -47,19 +47,17 @@ from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, w
 from foretoken.core.types import EngineBlockHash, ModelName, RequestId, WorkerId
 from foretoken.ops import kafka_local
 from foretoken.settings import Settings, load_settings
+from foretoken.wire.codec import encode
 from foretoken.wire.records import (
     BlockStored,
     KvEventBatch,
     Outcome,
     Record,
-    RouteRequest,
-    RouteResponse,
     SchedulerSettings,
     WorkerEndpoints,
     WorkerRegistration,
-    encode,
-    pack_token_ids,
 )
+from foretoken.wire.route_rpc import RouteRequest, RouteResponse, pack_token_ids
 
 WORKERS = 16
 PROMPT_TOKENS = 32_768

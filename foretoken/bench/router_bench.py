@@ -64,7 +64,8 @@ from foretoken.ops import kafka_local
 from foretoken.settings import Settings, load_settings
 from foretoken.sim.live.load import RequestResult, run_load_async
 from foretoken.sim.traces import LengthDistribution, TraceRequest, synthetic_requests
-from foretoken.wire.records import Grant, Outcome, decode
+from foretoken.wire.codec import decode
+from foretoken.wire.records import Grant, Outcome
 
 FLEET = "small"
 TARGET_P99_ADDED_S = 0.002

@@ -1,15 +1,400 @@
-"""Typed identities shared by every package (house rule 4)."""
+"""The core's vocabulary: typed identities, enums and the values every part passes around.
+
+Pure (msgspec only). These are *values*, not wire records: the Kafka records of
+:mod:`foretoken.wire.records` are these types plus a ``schema_version`` envelope (a record
+subclasses its value), so the core never imports the wire and a decoded record is a value
+the core takes as it is. Invariants that make a value meaningful (an unsigned 64-bit
+hash, a finite time) are checked here, on construction and on decode alike.
+"""
 
 from __future__ import annotations
 
-from typing import NewType
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final, Literal, NewType
 
-WorkerId = NewType("WorkerId", str)
+import msgspec
+import numpy as np
+
+# --------------------------------------------------------------------------- identities
+
+WorkerId = NewType("WorkerId", str)  # one engine replica (an entry of the `workers` topic)
 RequestId = NewType("RequestId", str)
 ModelName = NewType("ModelName", str)
 ConversationId = NewType("ConversationId", str)
-WorkloadClass = NewType("WorkloadClass", str)
 # An engine's own block hash, normalized to an unsigned 64-bit int (opaque, per engine).
 EngineBlockHash = NewType("EngineBlockHash", int)
 # foretoken's own chained content hash of a block (unsigned 64-bit).
 ContentHash = NewType("ContentHash", int)
+
+U64_MASK: Final = (1 << 64) - 1
+MAX_SEQ: Final = (1 << 63) - 1
+
+# --------------------------------------------------------------------------- enums
+
+Tier = Literal["GPU", "CPU", "DISK", "SHARED"]
+TIERS: Final[tuple[Tier, ...]] = ("GPU", "CPU", "DISK", "SHARED")  # fastest first
+LOWER_TIERS: Final[tuple[Tier, ...]] = ("CPU", "DISK", "SHARED")
+
+
+class CacheSource(StrEnum):
+    """Where a worker's cache credit comes from: the engine's own KV events (exact, unless
+    the index was reset), or foretoken's routing decisions for an engine that publishes
+    none (approximate: aged by a TTL and an estimated capacity)."""
+
+    EVENTS = "events"
+    APPROXIMATE = "approximate"
+
+
+class RejectReason(StrEnum):
+    """Why a request was turned away (a grant's ``reject_reason``)."""
+
+    # The request's own prefill exceeds what its bound leaves: waiting cannot help.
+    PREFILL_EXCEEDS_BOUND = "prefill_exceeds_bound"
+    PREDICTED_TTFT_EXCEEDS_BOUND = "predicted_ttft_exceeds_bound"
+    # No bound, but even the best worker's queue wait is past the overload limit.
+    OVERLOADED = "overloaded"
+    PROMPT_EXCEEDS_KV_CAPACITY = "prompt_exceeds_kv_capacity"  # no worker can hold it
+    NO_WORKER_FOR_MODEL = "no_worker_for_model"
+    ADMISSION_CONTROL = "admission_control"  # the latency controls shed the class
+
+
+class ControlStage(StrEnum):
+    """A (workload class, worker)'s stage in the latency controls, lowest first."""
+
+    OK = "ok"
+    WARN = "warn"
+    REROUTE = "reroute"
+    ADMISSION = "admission"
+
+
+def _check_u64(name: str, values: tuple[int, ...]) -> None:
+    if values and (min(values) < 0 or max(values) > U64_MASK):
+        raise ValueError(f"{name} must be unsigned 64-bit (normalize engine hashes first)")
+
+
+def check_finite(name: str, value: float | None, *, minimum: float | None = 0.0) -> None:
+    """A value that must be finite (and at least ``minimum``) when given."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+# --------------------------------------------------------------------------- workers
+
+
+class SchedulerSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """What the engine's step scheduler does with its per-step token budget."""
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    # 0 = no per-request cap on a prefill chunk within a step.
+    long_prefill_token_threshold: int = 0
+    # False = a serial engine: one prompt prefills whole before the next starts.
+    chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+
+
+class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True):
+    """What a worker (one engine replica) says about itself: everything the predictor may
+    know of it. ``removed`` retires it. (The wire's registration adds its endpoints.)"""
+
+    worker_id: WorkerId
+    model: ModelName
+    engine: str
+    engine_version: str
+    block_size: int
+    scheduler: SchedulerSettings = SchedulerSettings()
+    kv_hash_algo: str = "sha256_cbor"
+    tiers: tuple[Tier, ...] = ("GPU",)
+    eagle: bool = False
+    # False: the engine publishes no KV events; the index credits it approximately, from the
+    # prompts routed there (core.index.approx).
+    has_kv_events: bool = True
+    # False: the engine never reports cached tokens; its outcomes carry None (unknown reuse).
+    reports_cached_tokens: bool = True
+    # KV cache capacity in GPU blocks, when the engine tells (vLLM: cache_config_info).
+    gpu_blocks: int | None = None
+    config_hash: str
+    ts: float
+    removed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.gpu_blocks is not None and self.gpu_blocks < 1:
+            raise ValueError(f"gpu_blocks must be >= 1, got {self.gpu_blocks}")
+        if not self.worker_id or not self.model:
+            raise ValueError("worker_id and model must be non-empty")
+
+    @property
+    def cache_source(self) -> CacheSource:
+        return CacheSource.EVENTS if self.has_kv_events else CacheSource.APPROXIMATE
+
+    def fits_prompt(self, prompt_tokens: int) -> bool:
+        """Whether a prompt fits this worker's KV cache at all (when it says how big)."""
+        return self.gpu_blocks is None or prompt_tokens < self.gpu_blocks * self.block_size
+
+
+# --------------------------------------------------------------------------- kv events
+
+
+class BlockStored(msgspec.Struct, kw_only=True, frozen=True, tag="stored"):
+    block_hashes: tuple[EngineBlockHash, ...]
+    parent_block_hash: EngineBlockHash | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int
+    lora_name: str | None = None
+    medium: Tier = "GPU"
+    group_idx: int = 0
+    # Only full-attention groups describe a reusable prefix; others are ignored by the index.
+    full_attention: bool = True
+    extra_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_u64("block_hashes", self.block_hashes)
+        if self.parent_block_hash is not None:
+            _check_u64("parent_block_hash", (self.parent_block_hash,))
+        if self.block_size < 0:
+            raise ValueError("block_size must be >= 0")
+
+
+class BlockRemoved(msgspec.Struct, kw_only=True, frozen=True, tag="removed"):
+    block_hashes: tuple[EngineBlockHash, ...]
+    medium: Tier = "GPU"
+    group_idx: int = 0
+
+    def __post_init__(self) -> None:
+        _check_u64("block_hashes", self.block_hashes)
+
+
+class AllCleared(msgspec.Struct, kw_only=True, frozen=True, tag="cleared"):
+    medium: Tier | None = None
+
+
+class IndexReset(msgspec.Struct, kw_only=True, frozen=True, tag="reset"):
+    """Written by ingest when a sequence gap could not be repaired: forget this worker."""
+
+    reason: str
+
+
+KvEvent = BlockStored | BlockRemoved | AllCleared | IndexReset
+
+
+class KvBatch(msgspec.Struct, kw_only=True, frozen=True):
+    """One engine batch of KV events, normalized (what the cache index applies)."""
+
+    worker_id: WorkerId
+    model: ModelName
+    seq: int
+    ts: float
+    dp_rank: int = 0
+    events: tuple[KvEvent, ...]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.seq <= MAX_SEQ:
+            raise ValueError(f"seq must be in 0..2^63-1, got {self.seq}")
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+class FitUsed(msgspec.Struct, kw_only=True, frozen=True):
+    a: float
+    b: float
+    samples: int
+    version: int
+    default: bool
+
+
+class CandidatePrediction(msgspec.Struct, kw_only=True, frozen=True):
+    """One worker's prediction for a request: TTFT = queue wait + own prefill."""
+
+    worker_id: WorkerId
+    predicted_ttft_s: float
+    queue_wait_s: float
+    prefill_s: float
+    cached_tokens: int
+    cached_tier: Tier | None = None
+    queue_tokens_ahead: int = 0
+    approximate_cache: bool = False
+    cache_source: CacheSource = CacheSource.EVENTS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouteQuery:
+    """A request to place, as the route service's core sees it: its prompt as token ids (any
+    sequence of ints or a numpy array; empty when only its length is known). Never on the
+    wire: :mod:`foretoken.wire.route_rpc` translates the RPC into it."""
+
+    request_id: RequestId
+    model: ModelName
+    tokens: Sequence[int] | np.ndarray = ()
+    prompt_tokens: int = 0
+    max_queue_wait_s: float | None = None
+    already_waited_s: float = 0.0
+    workload_class: str = "default"
+    prefer_cache_hit: bool = False
+    conversation_id: str | None = None
+    expected_output_tokens: int | None = None
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.tokens) or self.prompt_tokens
+
+
+class RouteDecision(msgspec.Struct, kw_only=True, frozen=True):
+    """One routing decision: the chosen worker (or none), admitted or rejected and why, the
+    prediction it rests on and every candidate's (PRODUCT.md §2 ``grants``)."""
+
+    request_id: RequestId
+    ts: float
+    model: ModelName
+    workload_class: str = "default"
+    prompt_tokens: int
+    worker_id: WorkerId | None = None
+    admitted: bool
+    reject_reason: str | None = None
+    retry_after_s: float | None = None
+    predicted_ttft_s: float | None = None
+    queue_wait_s: float | None = None
+    prefill_s: float | None = None
+    cached_tokens: int = 0
+    cached_tier: Tier | None = None
+    approximate_cache: bool = False
+    cache_source: CacheSource = CacheSource.EVENTS
+    queue_tokens_ahead: int = 0
+    fit: FitUsed | None = None
+    max_queue_wait_s: float | None = None
+    already_waited_s: float = 0.0
+    explore: bool = False
+    fallback: bool = False
+    conversation_id: str | None = None
+    candidates: tuple[CandidatePrediction, ...] = ()
+    # Set when the latency controls moved the request off the predictor's first choice.
+    rerouted_from: WorkerId | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 0:
+            raise ValueError("prompt_tokens must be >= 0")
+        if self.admitted and self.worker_id is None:
+            raise ValueError("an admitted grant names its worker")
+        check_finite("predicted_ttft_s", self.predicted_ttft_s)
+        check_finite("retry_after_s", self.retry_after_s)
+        check_finite("max_queue_wait_s", self.max_queue_wait_s)
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+class RequestOutcome(msgspec.Struct, kw_only=True, frozen=True):
+    """What the router measured of a request: its first token, then its completion."""
+
+    request_id: RequestId
+    ts: float
+    kind: Literal["first_token", "completion"]
+    worker_id: WorkerId
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    actual_ttft_s: float | None = None
+    # None = the engine did not say (a miss on vLLM omits the field; some engines never say).
+    engine_cached_tokens: int | None = None
+    output_tokens: int | None = None
+    e2e_s: float | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        check_finite("actual_ttft_s", self.actual_ttft_s)
+        check_finite("e2e_s", self.e2e_s)
+        if self.kind == "first_token" and self.status == "ok" and self.actual_ttft_s is None:
+            raise ValueError("a first_token outcome carries actual_ttft_s")
+
+
+GradedStatus = Literal["served", "rejected", "error", "cancelled", "missing_outcome"]
+
+
+class GradedRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """A decision joined with its outcomes, with the grades of PRODUCT.md §4."""
+
+    request_id: RequestId
+    ts: float
+    model: ModelName
+    workload_class: str
+    worker_id: WorkerId | None
+    status: GradedStatus
+    admitted: bool
+    explore: bool = False
+    fallback: bool = False
+    prompt_tokens: int
+    predicted_ttft_s: float | None = None
+    queue_wait_s: float | None = None
+    prefill_s: float | None = None
+    actual_ttft_s: float | None = None
+    error_s: float | None = None
+    credited_cached_tokens: int = 0
+    # None = unknown reuse (the engine did not say); then cache_disagreement is None too.
+    engine_cached_tokens: int | None = None
+    block_size: int | None = None
+    cache_disagreement: bool | None = None
+    max_queue_wait_s: float | None = None
+    already_waited_s: float = 0.0
+    retry_after_s: float | None = None
+    output_tokens: int | None = None
+    e2e_s: float | None = None
+    fit_a: float | None = None
+    fit_b: float | None = None
+    fit_samples: int | None = None
+    fit_default: bool | None = None
+    queue_tokens_ahead: int = 0
+    approximate_cache: bool = False
+    cache_source: CacheSource = CacheSource.EVENTS
+
+
+# --------------------------------------------------------------------------- controls
+
+
+class ControlSignals(msgspec.Struct, kw_only=True, frozen=True):
+    """A worker's corroborating signals over the controls' window."""
+
+    queue_tokens: int = 0  # prompt tokens sent there and still waiting for a first token
+    peak_queue_tokens: int = 0  # the most of those at any admission in the window
+    arrival_rps: float = 0.0  # admitted requests per second
+    service_rps: float = 0.0  # first tokens per second
+    timeouts: int = 0
+    cancellations: int = 0
+
+
+class ControlChange(msgspec.Struct, kw_only=True, frozen=True):
+    """One stage change of the latency controls for a (workload class, worker), and why:
+    the objective, the budget left, the tail and the signals."""
+
+    ts: float
+    workload_class: str
+    worker_id: WorkerId
+    from_stage: ControlStage
+    to_stage: ControlStage
+    reason: str
+    objective_ttft_s: float
+    percentile: float
+    queue_budget_s: float
+    # The tail (at ``percentile``) of queue time over the window; None with too few samples.
+    tail_queue_s: float | None = None
+    remaining_budget_s: float | None = None
+    threshold_s: float
+    samples: int = 0
+    signals: ControlSignals = ControlSignals()
+
+    def __post_init__(self) -> None:
+        if not self.workload_class or not self.worker_id:
+            raise ValueError("workload_class and worker_id must be non-empty")
+        check_finite("tail_queue_s", self.tail_queue_s)
+        check_finite("remaining_budget_s", self.remaining_budget_s, minimum=None)

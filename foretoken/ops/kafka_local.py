@@ -18,7 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from foretoken.adapters.ports import accepts_connections, host_port
 from foretoken.settings import Settings
+
+__all__ = ["KafkaError", "accepts_connections", "down", "status", "up"]
 
 OPS_KAFKA_DIR = Path(__file__).resolve().parent / "kafka"
 CLUSTER_ID_FILE = "cluster.id"
@@ -60,21 +63,6 @@ def layout_for(settings: Settings) -> Layout:
         libs=settings.cache_path / "kafka" / version / "libs",
         home=settings.state_path / "kafka",
     )
-
-
-def host_port(bootstrap: str) -> tuple[str, int]:
-    first = bootstrap.split(",")[0].strip()
-    host, _, port = first.rpartition(":")
-    return (host or "127.0.0.1"), int(port)
-
-
-def accepts_connections(bootstrap: str, timeout_s: float = 0.5) -> bool:
-    host, port = host_port(bootstrap)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def _require(tool: str, what: str) -> str:

@@ -25,7 +25,8 @@ from foretoken.adapters.kafka.graded_reader import read_graded
 from foretoken.adapters.kafka.topics import ensure_topics
 from foretoken.adapters.lake.report import output_console, print_table
 from foretoken.adapters.ports import in_use
-from foretoken.bench.real_engine_bench import (
+from foretoken.ops import kafka_local
+from foretoken.ops.llama_measure import (
     FULL,
     _mixed_async,
     curve_at,
@@ -33,7 +34,6 @@ from foretoken.bench.real_engine_bench import (
     grade_mixed,
     learn,
 )
-from foretoken.ops import kafka_local
 from foretoken.ops.llama_stack import LlamaStack, start_llama_stack
 from foretoken.settings import Settings, load_settings
 from foretoken.sim.live.llama_server import LlamaServerConfig

@@ -26,9 +26,10 @@ import msgspec
 import numpy as np
 import polars as pl
 
+from foretoken.core.types import ControlChange
 from foretoken.settings import ControlSettings
 from foretoken.sim.traces import TraceRequest
-from foretoken.wire.records import ControlEvent, Graded
+from foretoken.wire.records import Graded
 
 CONTROLS_DIR = "controls"
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -125,7 +126,7 @@ def _within(record: Graded, objective_s: float) -> bool:
     return t is not None and t <= objective_s and (bound is None or t <= bound)
 
 
-def control_events_frame(events: Sequence[ControlEvent]) -> pl.DataFrame:
+def control_events_frame(events: Sequence[ControlChange]) -> pl.DataFrame:
     rows = []
     for e in events:
         row = msgspec.to_builtins(e)
@@ -135,7 +136,7 @@ def control_events_frame(events: Sequence[ControlEvent]) -> pl.DataFrame:
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
-def write_control_events(events: Sequence[ControlEvent], out_dir: str | Path) -> Path | None:
+def write_control_events(events: Sequence[ControlChange], out_dir: str | Path) -> Path | None:
     """The events as one Parquet file under ``OUT/controls/`` (write then rename)."""
     if not events:
         return None

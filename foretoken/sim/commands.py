@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import foretoken.sim.predictor_policy  # noqa: F401  (registers the "predictor" policy)
-from foretoken.core.routing.controls import LatencyControls
 from foretoken.settings import ControlSettings
 from foretoken.sim.classes import ClassMix, class_summary, write_control_events
 from foretoken.sim.live.load import run_load, write_results_parquet
@@ -72,8 +71,8 @@ def replay_command(
         requests = ClassMix.parse(classes).assign(requests, settings, seed)
     controller = None
     if controls == "on":
-        controller = LatencyControls(settings)
-        chosen: Any = PredictorPolicy.for_fleet(spec, seed, controls=controller)
+        chosen: Any = PredictorPolicy.for_fleet(spec, seed, controls=settings)
+        controller = chosen.core.controls
     else:
         chosen = make_policy(policy, FleetLedger.for_fleet(spec), seed=seed)
     result = replay(requests, spec, chosen, speedup=chosen_speedup, progress=progress)

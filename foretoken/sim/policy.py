@@ -1,7 +1,7 @@
 """Routing policies: the seam through which a predictor routes and admits requests.
 
 A :class:`RoutingPolicy` is asked once per request, at its arrival, with a
-:class:`RouteRequest` and a read-only :class:`FleetView`, and answers with a
+:class:`Arrival` and a read-only :class:`FleetView`, and answers with a
 :class:`Decision`: a worker of the request's model, or ``None`` to reject (with a reason
 and an optional Retry-After), plus whatever prediction it made (predicted TTFT and its
 parts, the cached tokens it credited, per-candidate predictions, an explore flag). A
@@ -9,7 +9,7 @@ decision converts into the ``grants`` record of PRODUCT.md §2 with :meth:`Decis
 
 **What a policy may know** is exactly what the router side of the real pipeline knows:
 
-* per worker, what the engine *reports* about itself (:class:`WorkerInfo`: model, block
+* per worker, what the engine *reports* about itself (:class:`WorkerProfile`: model, block
   size, scheduler settings, tiers, KV hash algorithm, config hash) — never the hidden
   true cost of a simulated engine;
 * per worker, what the router has sent there and not yet seen finish
@@ -34,18 +34,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from foretoken.core.types import ConversationId, ModelName, RequestId, WorkerId
-from foretoken.sim.prefix_cache import KvEventDetail, TokenIds
-from foretoken.sim.spec import EngineSpec, FleetSpec
-from foretoken.wire.records import (
+from foretoken.core.routing.fallback import Load, least_outstanding
+from foretoken.core.types import (
     CandidatePrediction,
+    ConversationId,
     FitUsed,
-    Grant,
     KvEvent,
-    SchedulerSettings,
+    ModelName,
+    RequestId,
+    RouteDecision,
     Tier,
-    WorkerRegistration,
+    WorkerId,
+    WorkerProfile,
 )
+from foretoken.sim.prefix_cache import KvEventDetail, TokenIds
+from foretoken.sim.spec import FleetSpec
 
 DEFAULT_WORKLOAD_CLASS = "default"
 REASON_ROUND_ROBIN = "round_robin"
@@ -57,7 +60,7 @@ REASON_NO_WORKER = "no_worker_for_model"
 
 
 @dataclass(frozen=True, slots=True)
-class RouteRequest:
+class Arrival:
     """One request as the router sees it before sending it anywhere.
 
     ``token_ids`` may be None when the caller only knows the prompt's length; a policy
@@ -73,53 +76,6 @@ class RouteRequest:
     already_waited_s: float = 0.0
     conversation_id: ConversationId | None = None
     workload_class: str = DEFAULT_WORKLOAD_CLASS
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """What a worker reports about itself (its ``workers`` registration)."""
-
-    worker_id: WorkerId
-    model: ModelName
-    block_size: int
-    scheduler: SchedulerSettings
-    engine: str = "vllm"
-    engine_version: str = ""
-    kv_hash_algo: str = "sha256_cbor"
-    tiers: tuple[Tier, ...] = ("GPU",)
-    eagle: bool = False
-    config_hash: str = ""
-
-    @classmethod
-    def from_spec(cls, spec: EngineSpec) -> WorkerInfo:
-        """The reported part of a simulated engine (its hidden truth is left out)."""
-        return cls(
-            worker_id=spec.id,
-            model=spec.model,
-            block_size=spec.block_size,
-            scheduler=spec.scheduler,
-            engine=spec.engine,
-            engine_version=spec.engine_version,
-            kv_hash_algo=spec.kv_hash_algo,
-            tiers=spec.tiers,
-            eagle=spec.eagle,
-            config_hash=spec.config_hash,
-        )
-
-    @classmethod
-    def from_registration(cls, registration: WorkerRegistration) -> WorkerInfo:
-        return cls(
-            worker_id=registration.worker_id,
-            model=registration.model,
-            block_size=registration.block_size,
-            scheduler=registration.scheduler,
-            engine=registration.engine,
-            engine_version=registration.engine_version,
-            kv_hash_algo=registration.kv_hash_algo,
-            tiers=registration.tiers,
-            eagle=registration.eagle,
-            config_hash=registration.config_hash,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,26 +100,26 @@ class _MutableLoad:
 class FleetView:
     """A read-only view of the fleet for policies: reported settings and router-side load."""
 
-    def __init__(self, workers: Sequence[WorkerInfo]) -> None:
+    def __init__(self, workers: Sequence[WorkerProfile]) -> None:
         self._workers = {info.worker_id: info for info in workers}
         if len(self._workers) != len(workers):
             raise ValueError("worker ids must be unique")
-        self._by_model: dict[ModelName, tuple[WorkerInfo, ...]] = {}
+        self._by_model: dict[ModelName, tuple[WorkerProfile, ...]] = {}
         for info in workers:
             self._by_model[info.model] = (*self._by_model.get(info.model, ()), info)
         self._load = {worker_id: _MutableLoad() for worker_id in self._workers}
 
     @property
-    def workers(self) -> tuple[WorkerInfo, ...]:
+    def workers(self) -> tuple[WorkerProfile, ...]:
         return tuple(self._workers.values())
 
-    def worker(self, worker_id: WorkerId) -> WorkerInfo:
+    def worker(self, worker_id: WorkerId) -> WorkerProfile:
         return self._workers[worker_id]
 
     def models(self) -> tuple[ModelName, ...]:
         return tuple(self._by_model)
 
-    def workers_for(self, model: str) -> tuple[WorkerInfo, ...]:
+    def workers_for(self, model: str) -> tuple[WorkerProfile, ...]:
         """The workers serving ``model``, in registration order (empty when none)."""
         return self._by_model.get(ModelName(model), ())
 
@@ -178,13 +134,13 @@ class FleetLedger(FleetView):
     """The driver's side of a :class:`FleetView`: it records what was sent and what came
     back. Policies receive it typed as a ``FleetView`` and never call these methods."""
 
-    def __init__(self, workers: Sequence[WorkerInfo]) -> None:
+    def __init__(self, workers: Sequence[WorkerProfile]) -> None:
         super().__init__(workers)
         self._sent: dict[RequestId, tuple[WorkerId, int, bool]] = {}
 
     @classmethod
     def for_fleet(cls, fleet: FleetSpec) -> FleetLedger:
-        return cls([WorkerInfo.from_spec(spec) for spec in fleet.engines])
+        return cls([spec.profile() for spec in fleet.engines])
 
     def record_sent(self, request_id: RequestId, worker_id: WorkerId, prompt_tokens: int) -> None:
         state = self._load[worker_id]
@@ -251,9 +207,9 @@ class Decision:
     def reject(cls, reason: str, retry_after_s: float | None = None) -> Decision:
         return cls(worker_id=None, reason=reason, retry_after_s=retry_after_s)
 
-    def grant(self, request: RouteRequest, ts: float) -> Grant:
-        """The ``grants`` record of this decision."""
-        return Grant(
+    def grant(self, request: Arrival, ts: float) -> RouteDecision:
+        """The ``grants`` value of this decision."""
+        return RouteDecision(
             request_id=request.request_id,
             ts=ts,
             model=request.model,
@@ -292,7 +248,7 @@ class RoutingPolicy(Protocol):
     name: str
     kv_events: KvEventDetail
 
-    def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+    def decide(self, request: Arrival, fleet: FleetView) -> Decision:
         """Choose a worker of ``request.model`` or reject; must not raise for a request
         it cannot place (reject it with a reason instead)."""
         ...
@@ -368,7 +324,7 @@ class RoundRobin(IgnoresFeedback):
         self._seed = seed
         self._next: dict[ModelName, int] = {}
 
-    def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+    def decide(self, request: Arrival, fleet: FleetView) -> Decision:
         workers = fleet.workers_for(request.model)
         if not workers:
             return Decision.reject(REASON_NO_WORKER)
@@ -378,24 +334,26 @@ class RoundRobin(IgnoresFeedback):
 
 
 class LeastOutstandingTokens(IgnoresFeedback):
-    """The worker of the model with the fewest prompt tokens sent and not finished (ties:
-    fewer outstanding requests, then registration order); never rejects."""
+    """The router's fallback policy (:func:`foretoken.core.routing.fallback.least_outstanding`):
+    the worker of the model with the fewest prompt tokens sent and not finished (ties: fewer
+    outstanding requests, then registration order); never rejects."""
 
     name = "least-outstanding-tokens"
 
     def __init__(self, fleet: FleetView, seed: int = 0) -> None:
         pass  # deterministic: nothing to seed
 
-    def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+    def decide(self, request: Arrival, fleet: FleetView) -> Decision:
         workers = fleet.workers_for(request.model)
         if not workers:
             return Decision.reject(REASON_NO_WORKER)
-        best = min(workers, key=lambda info: _load_key(fleet.load(info.worker_id)))
+        best = least_outstanding(workers, lambda info: _load(fleet.load(info.worker_id)))
+        assert best is not None  # no overload limit: some worker of the model is chosen
         return Decision(best.worker_id, REASON_LEAST_OUTSTANDING)
 
 
-def _load_key(load: WorkerLoad) -> tuple[int, int]:
-    return (load.outstanding_prompt_tokens, load.outstanding_requests)
+def _load(load: WorkerLoad) -> Load:
+    return Load(load.outstanding_prompt_tokens, load.outstanding_requests)
 
 
 # ---------------------------------------------------------------------------- registry

@@ -49,9 +49,9 @@ from typing import Any, Literal, cast
 import numpy as np
 import xxhash
 
-from foretoken.core.types import EngineBlockHash, RequestId
+from foretoken.core.types import U64_MASK, EngineBlockHash, RequestId
 from foretoken.sim.spec import LowerTier
-from foretoken.wire.records import U64_MASK, AllCleared, BlockRemoved, BlockStored, Tier
+from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, Tier
 
 HASH_BYTES = 8
 _U64 = struct.Struct(">Q")

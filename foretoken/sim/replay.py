@@ -58,7 +58,7 @@ from foretoken.adapters.lake.writer import (  # noqa: F401  (re-exported: the la
     graded_schema,
     write_lake,
 )
-from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.core.types import CacheSource, ModelName, RequestId, WorkerId
 from foretoken.sim.engine import (
     DecodeRun,
     EngineModel,
@@ -68,9 +68,9 @@ from foretoken.sim.engine import (
     StepResult,
 )
 from foretoken.sim.policy import (
+    Arrival,
     Decision,
     FleetLedger,
-    RouteRequest,
     RoutingPolicy,
     make_policy,
 )
@@ -162,7 +162,7 @@ def _graded(flight: _Flight, status: Status, model: ModelName, **outcome: Any) -
         fit_default=fit.default if fit else None,
         queue_tokens_ahead=decision.queue_tokens_ahead,
         approximate_cache=chosen.approximate_cache if chosen is not None else False,
-        cache_source=chosen.cache_source if chosen is not None else "events",
+        cache_source=chosen.cache_source if chosen is not None else CacheSource.EVENTS,
         **outcome,
     )
 
@@ -236,7 +236,7 @@ class _Replay:
 
     def _arrive(self, index: int, request: TraceRequest, arrival_s: float) -> None:
         token_ids = request.token_ids
-        route = RouteRequest(
+        route = Arrival(
             request_id=request.request_id,
             model=self.model,
             arrival_s=arrival_s,

@@ -46,8 +46,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from foretoken.core.types import ModelName, WorkerId
-from foretoken.wire.records import U64_MASK, SchedulerSettings, Tier
+from foretoken.core.types import (
+    U64_MASK,
+    ModelName,
+    SchedulerSettings,
+    Tier,
+    WorkerId,
+    WorkerProfile,
+)
 
 FLEETS_DIR = Path(__file__).parent / "fleets"
 KV_HASH_ALGOS = frozenset({"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"})
@@ -180,6 +186,17 @@ class EngineSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     def tiers(self) -> tuple[Tier, ...]:
         """The tiers a registration reports, fastest first."""
         return ("GPU", *(tier for tier, _ in self.kv.lower_tiers()))
+
+    def profile(self, ts: float = 0.0) -> WorkerProfile:
+        """What the engine publishes about itself (its registration without endpoints):
+        the reported fields, GPU blocks included as vLLM's cache_config_info tells, never
+        the truth."""
+        return WorkerProfile(
+            worker_id=self.id, model=self.model, engine=self.engine,
+            engine_version=self.engine_version, block_size=self.block_size,
+            scheduler=self.scheduler, kv_hash_algo=self.kv_hash_algo, tiers=self.tiers,
+            eagle=self.eagle, gpu_blocks=self.kv.gpu_blocks, config_hash=self.config_hash, ts=ts,
+        )  # fmt: skip
 
     @property
     def effective_hash_seed(self) -> int:

@@ -17,10 +17,11 @@ import polars as pl
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from foretoken.adapters.dashboard import APP_PATH
 from foretoken.adapters.lake.writer import write_lake
 from foretoken.wire.records import Graded
 
-APP = Path(__file__).resolve().parents[2] / "foretoken" / "adapters" / "dashboard" / "app.py"
+APP = APP_PATH
 TABS = ["Overview", "Predicted vs actual", "Fits", "Bounds"]
 BASE_TS = datetime(2025, 3, 1, tzinfo=UTC).timestamp()
 HOURS = 3

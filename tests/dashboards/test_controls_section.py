@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from foretoken.adapters.dashboard import APP_PATH
 from foretoken.core.types import WorkerId
 from foretoken.sim.classes import write_control_events
 from foretoken.wire.records import ControlEvent, ControlSignals
 
-APP = Path(__file__).resolve().parents[2] / "foretoken" / "adapters" / "dashboard" / "app.py"
+APP = APP_PATH
 STAGES = ("ok", "warn", "reroute", "admission")
 
 

@@ -15,16 +15,9 @@ from aiokafka import AIOKafkaConsumer
 
 from foretoken.adapters.kafka.producer import RecordProducer
 from foretoken.adapters.processes import get_json
-from foretoken.wire.records import (
-    Graded,
-    Grant,
-    Outcome,
-    RouteRequest,
-    RouteResponse,
-    WorkerEndpoints,
-    WorkerRegistration,
-    decode,
-)
+from foretoken.wire.codec import decode
+from foretoken.wire.records import Graded, Grant, Outcome, WorkerEndpoints, WorkerRegistration
+from foretoken.wire.route_rpc import RouteRequest, RouteResponse
 from tests.conftest import RunningWorker
 
 pytestmark = pytest.mark.integration

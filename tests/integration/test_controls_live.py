@@ -27,7 +27,8 @@ from aiokafka import AIOKafkaConsumer
 
 from foretoken.adapters.processes import get_json
 from foretoken.settings import Settings
-from foretoken.wire.records import ControlEvent, decode
+from foretoken.wire.codec import decode
+from foretoken.wire.records import ControlEvent
 from tests.integration.stack import Stack, start_stack
 
 pytestmark = pytest.mark.integration

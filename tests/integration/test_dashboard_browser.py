@@ -1,5 +1,5 @@
 """The grading dashboard as users see it: a lake built by `foretoken replay` (a real
-process), `streamlit run dashboards/app.py` (a real server), and Debian's chromium driven by
+process), `streamlit run` on the dashboard app (a real server), and Debian's chromium driven by
 playwright. Every tab is visited, its key text checked against the lake, and a screenshot
 saved to docs/img/dashboard-<page>.png."""
 
@@ -27,13 +27,14 @@ except ImportError as exc:  # a dev dependency: say what to install
         "`playwright install`: this test drives Debian's chromium (/usr/bin/chromium)."
     ) from exc
 
+from foretoken.adapters.dashboard import APP_PATH
 from foretoken.adapters.processes import foretoken_cmd, spawn, stop
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "dashboards" / "app.py"
+APP = APP_PATH
 SHOTS = ROOT / "docs" / "img"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

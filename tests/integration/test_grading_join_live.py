@@ -11,14 +11,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from foretoken.adapters.kafka.producer import RecordProducer
-from foretoken.wire.records import (
-    Graded,
-    Grant,
-    Outcome,
-    WorkerEndpoints,
-    WorkerRegistration,
-    decode,
-)
+from foretoken.wire.codec import decode
+from foretoken.wire.records import Graded, Grant, Outcome, WorkerEndpoints, WorkerRegistration
 from tests.conftest import RunningWorker
 
 pytestmark = pytest.mark.integration

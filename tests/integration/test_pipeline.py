@@ -14,7 +14,8 @@ from foretoken.adapters.kafka.dispatch import INPUT_TOPICS
 from foretoken.adapters.kafka.producer import RecordProducer
 from foretoken.adapters.kafka.samples import sample_records
 from foretoken.adapters.processes import get_json
-from foretoken.wire.records import DeadLetter, decode
+from foretoken.wire.codec import decode
+from foretoken.wire.records import DeadLetter
 from tests.conftest import RunningWorker
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,8 @@ from aiokafka import AIOKafkaConsumer
 
 from foretoken.adapters.processes import stop
 from foretoken.settings import Settings
-from foretoken.wire.records import Grant, Outcome, decode
+from foretoken.wire.codec import decode
+from foretoken.wire.records import Grant, Outcome
 from tests.integration.stack import Stack, start_stack
 
 pytestmark = pytest.mark.integration

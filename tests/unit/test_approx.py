@@ -13,20 +13,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from foretoken.adapters.engines.engines_file import EngineConfig
-from foretoken.core.index.approx import ApproxCacheConfig, cache_source, index_params
+from foretoken.core.index.approx import ApproxCacheConfig, index_params
 from foretoken.core.index.prefix import FOLD_STATS_EVERY, PrefixIndex
 from foretoken.core.index.state import SWEEPS_PER_TTL
-from foretoken.core.routing.service import Predictor, PredictorConfig
+from foretoken.core.routing.config import PredictorConfig
+from foretoken.core.routing.service import RouteService
 from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.wire.records import (
     BlockStored,
     KvEventBatch,
     Outcome,
-    RouteRequest,
     SchedulerSettings,
     WorkerEndpoints,
     WorkerRegistration,
 )
+from foretoken.wire.route_rpc import RouteRequest
 
 BLOCK = 16
 MODEL = ModelName("m")
@@ -73,8 +74,8 @@ def test_capacity_is_the_registered_gpu_blocks_else_the_configured_default() -> 
     assert config.capacity_blocks(reg("a")) == 10
     assert index_params(reg("a"), config) == (TTL, 10)
     assert index_params(reg("e", events=True), config) == (None, None)
-    assert cache_source(reg("a")) == "approximate"
-    assert cache_source(reg("e", events=True)) == "events"
+    assert reg("a").cache_source == "approximate"
+    assert reg("e", events=True).cache_source == "events"
     with pytest.raises(ValueError, match="ttl_s"):
         ApproxCacheConfig(ttl_s=0.0)
     with pytest.raises(ValueError, match="default_capacity_tokens"):
@@ -183,22 +184,22 @@ def test_the_approximate_view_survives_a_snapshot() -> None:
 # --------------------------------------------------------------------------- predictor
 
 
-def predictor(*regs: WorkerRegistration, ttl_s: float = TTL) -> Predictor:
+def predictor(*regs: WorkerRegistration, ttl_s: float = TTL) -> RouteService:
     config = ApproxCacheConfig(ttl_s=ttl_s)
     index = approx_index(*regs, config=config)
-    p = Predictor(index, config=PredictorConfig(explore_fraction=0.0))
+    p = RouteService(index, config=PredictorConfig(explore_fraction=0.0))
     for r in regs:
         p.on_registration(r)
     return p
 
 
-def route(p: Predictor, rid: str, tokens: list[int], now_s: float) -> RouteRequest:
+def route(p: RouteService, rid: str, tokens: list[int], now_s: float) -> RouteRequest:
     req = RouteRequest(request_id=RequestId(rid), model=MODEL, token_ids=tuple(tokens))
-    p.route(req, now_s, now_s)
+    p.route(req.query(), now_s, now_s)
     return req
 
 
-def first_token(p: Predictor, rid: str, wid: str, now_s: float, ttft_s: float = 0.5) -> None:
+def first_token(p: RouteService, rid: str, wid: str, now_s: float, ttft_s: float = 0.5) -> None:
     p.on_outcome(Outcome(request_id=RequestId(rid), ts=now_s, kind="first_token",
                          worker_id=WorkerId(wid), actual_ttft_s=ttft_s), now_s)  # fmt: skip
 
@@ -206,18 +207,18 @@ def first_token(p: Predictor, rid: str, wid: str, now_s: float, ttft_s: float = 
 def test_credit_arrives_with_the_first_token_and_is_flagged_approximate() -> None:
     p = predictor(reg("a"))
     tokens = prompt(64)
-    grant = p.decisions[route(p, "r1", tokens, 0.0).request_id].grant
+    grant = p.decisions[route(p, "r1", tokens, 0.0).request_id]
     assert grant.worker_id == "a" and grant.cached_tokens == 0
     assert grant.cache_source == "approximate" and grant.approximate_cache
     assert all(c.cache_source == "approximate" and c.approximate_cache for c in grant.candidates)
     # sent, but no first token yet: the engine may not have it
-    second = p.decisions[route(p, "r2", tokens, 0.1).request_id].grant
+    second = p.decisions[route(p, "r2", tokens, 0.1).request_id]
     assert second.cached_tokens == 0
     first_token(p, "r1", "a", 1.0)
-    third = p.decisions[route(p, "r3", [*tokens, 1], 1.1).request_id].grant
+    third = p.decisions[route(p, "r3", [*tokens, 1], 1.1).request_id]
     assert third.cached_tokens == 64 * BLOCK and third.cache_source == "approximate"
     assert third.cached_tier == "GPU" and third.approximate_cache
-    assert "r1" not in p.served_prompts  # fed once, then forgotten
+    assert "r1" not in p.learner.served_prompts  # fed once, then forgotten
 
 
 def test_credit_ages_out_in_the_predictions() -> None:
@@ -236,7 +237,7 @@ def test_a_failed_request_or_another_worker_credits_nothing() -> None:
     p.on_outcome(Outcome(request_id=RequestId("r1"), ts=1.0, kind="completion",
                          worker_id=WorkerId("a"), status="error", error="boom"), 1.0)  # fmt: skip
     assert p.predict(MODEL, tokens, 1.1)[0].cached_tokens == 0
-    assert "r1" not in p.served_prompts
+    assert "r1" not in p.learner.served_prompts
     route(p, "r2", tokens, 2.0)
     first_token(p, "r2", "elsewhere", 2.5)  # not where we sent it: not credited there
     assert p.predict(MODEL, tokens, 2.6)[0].cached_tokens == 0
@@ -264,7 +265,7 @@ def test_event_workers_keep_their_exact_source() -> None:
     assert by_worker[WorkerId("e")].cached_tokens == 4 * BLOCK
     assert by_worker[WorkerId("a")].cache_source == "approximate"
     route(p, "r1", tokens, 0.0)
-    assert "r1" not in p.served_prompts  # routed to the event worker (its hit is faster)
+    assert "r1" not in p.learner.served_prompts  # routed to the event worker (its hit is faster)
 
 
 def test_counters_stay_exact_over_many_served_prompts() -> None:

@@ -37,10 +37,10 @@ def test_it_learns_without_events_or_cached_token_reports(
     policy, _ = run
     assert policy.counters.kv_batches == 0
     assert all(not r.has_kv_events and not r.reports_cached_tokens
-               for r in policy.predictor.workers.values())  # fmt: skip
+               for r in policy.service.book.profiles.values())  # fmt: skip
     assert policy.counters.cold_samples >= LEARN_REQUESTS // 2
     for spec in FLEET.engines:
-        assert not policy.predictor.fits.curve(spec.id).default
+        assert not policy.service.fits.curve(spec.id).default
 
 
 def test_follow_ups_get_approximate_credit_equal_to_what_the_engine_reused(
@@ -53,7 +53,7 @@ def test_follow_ups_get_approximate_credit_equal_to_what_the_engine_reused(
         assert r.engine_cached_tokens is not None  # the replay knows; the predictor did not
         assert r.credited_cached_tokens == r.engine_cached_tokens
         assert r.credited_cached_tokens >= r.prompt_tokens - FOLLOW_UP_TOKENS - BLOCK
-        grant = policy.predictor.decisions[r.request_id].grant
+        grant = policy.service.decisions[r.request_id]
         assert grant.cache_source == "approximate" and grant.approximate_cache
     assert all(r.cache_disagreement is False for r in quiet)
     # the replay's lake rows say where the credit came from

@@ -11,21 +11,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foretoken.core.index.prefix import PrefixIndex
+from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.controls import LatencyControls
-from foretoken.core.routing.service import Predictor, PredictorConfig
-from foretoken.core.types import RequestId, WorkerId
+from foretoken.core.routing.service import RouteService
+from foretoken.core.types import RequestId, RouteDecision, WorkerId
 from foretoken.settings import ControlSettings, SettingsError, WorkloadClass, load_settings
+from foretoken.wire.codec import decode, encode
 from foretoken.wire.records import (
     ControlEvent,
     Grant,
     Outcome,
-    RouteRequest,
     SchedulerSettings,
     WorkerEndpoints,
     WorkerRegistration,
-    decode,
-    encode,
+    as_record,
 )
+from foretoken.wire.route_rpc import RouteRequest
 
 W0, W1, W2 = WorkerId("w0"), WorkerId("w1"), WorkerId("w2")
 INTERACTIVE = WorkloadClass(objective_ttft_s=5.0, non_queue_latency_s=1.0, margin_s=0.0,
@@ -156,7 +157,7 @@ def test_staged_escalation_and_recovery_one_stage_at_a_time() -> None:
     assert downs == [("admission", "reroute"), ("reroute", "warn"), ("warn", "ok")]
     times = [e.ts for e in d.events]
     assert all(b - a >= 8.0 for a, b in itertools.pairwise(times))
-    assert all(decode(encode(e), ControlEvent) == e for e in d.events)
+    assert all(decode(encode(e), ControlEvent) == as_record(ControlEvent, e) for e in d.events)
 
 
 def test_a_slow_tail_without_pressure_on_the_worker_only_warns() -> None:
@@ -271,7 +272,7 @@ def test_protected_classes_are_never_rejected_before_best_effort_ones(
         assert all(shed[b] for b in best_effort)  # a protected breach sheds all best-effort
 
 
-# ---------------------------------------------------------------------- with the Predictor
+# ---------------------------------------------------------------------- with the RouteService
 
 BLOCK = 16
 
@@ -290,9 +291,9 @@ def _reg(wid: str) -> WorkerRegistration:
     )
 
 
-def _predictor(controls: LatencyControls, n: int = 3) -> Predictor:
+def _predictor(controls: LatencyControls, n: int = 3) -> RouteService:
     index = PrefixIndex()
-    p = Predictor(index, config=PredictorConfig(explore_fraction=0.0), controls=controls)
+    p = RouteService(index, config=PredictorConfig(explore_fraction=0.0), controls=controls)
     for i in range(n):
         reg = _reg(f"w{i}")
         index.register_worker(reg.worker_id, reg.model, reg.block_size)
@@ -300,14 +301,16 @@ def _predictor(controls: LatencyControls, n: int = 3) -> Predictor:
     return p
 
 
-def _route(p: Predictor, rid: str, t: float, klass: str = "interactive", n: int = 256) -> Grant:
+def _route(
+    p: RouteService, rid: str, t: float, klass: str = "interactive", n: int = 256
+) -> RouteDecision:
     req = RouteRequest(
         request_id=RequestId(rid),
         model="m",
         token_ids=tuple(range(n)),  # type: ignore[arg-type]
         workload_class=klass,
     )
-    return p.route(req, t, t).grant
+    return p.route(req.query(), t, t)
 
 
 def test_reroute_goes_only_to_a_verified_destination() -> None:
@@ -319,16 +322,16 @@ def test_reroute_goes_only_to_a_verified_destination() -> None:
     clock = _at_admission(c, "interactive", first, also=(others[0],))  # others[0]: unhealthy
     # The one remaining worker's projected latency is far past the class's budget.
     for i in range(4):
-        p.queues[others[1]].add(RequestId(f"pin{i}"), clock, 60_000, 0, 10)
+        p.book.queues[others[1]].add(RequestId(f"pin{i}"), clock, 60_000, 0, 10)
     g = _route(p, "stays", clock)
     # No verified alternative: it stays put (protected: kept, not shed).
     assert g.rerouted_from is None and g.admitted
     assert g.worker_id in (first, others[0])
     for i in range(4):
-        p.queues[others[1]].finished(RequestId(f"pin{i}"), clock)
+        p.book.queues[others[1]].finished(RequestId(f"pin{i}"), clock)
     # Now a little busier than the avoided workers (so not the first choice), but within
     # the class's budget: a verified destination.
-    p.queues[others[1]].add(RequestId("small"), clock, 2000, 0, 10)
+    p.book.queues[others[1]].add(RequestId("small"), clock, 2000, 0, 10)
     g = _route(p, "moves", clock)
     assert g.admitted and g.worker_id == others[1] and g.rerouted_from in (first, others[0])
 

@@ -25,7 +25,8 @@ from foretoken.adapters.engines.decoders import (
     split_replay_reply,
 )
 from foretoken.core.types import ModelName, WorkerId
-from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, DecodeError
+from foretoken.wire.codec import DecodeError
+from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored
 
 W = WorkerId("w1")
 M = ModelName("m")

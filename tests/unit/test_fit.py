@@ -30,7 +30,8 @@ from foretoken.core.cost.fit import (
     RobustFitConfig,
     StepCostFit,
 )
-from foretoken.core.cost.registry import FitRegistry, select_cold_sample, time_per_output_token_s
+from foretoken.core.cost.registry import FitRegistry
+from foretoken.core.cost.samples import select_cold_sample, time_per_output_token_s
 from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.sim.spec import load_fleet, shipped_fleets
 from foretoken.wire.records import Graded, WorkerEndpoints, WorkerRegistration

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from foretoken.core.types import U64_MASK
 from foretoken.sim.spec import (
     FleetSpecError,
     TruthSpec,
@@ -16,7 +17,6 @@ from foretoken.sim.spec import (
     parse_fleet,
     shipped_fleets,
 )
-from foretoken.wire.records import U64_MASK
 
 # The Mooncake trace's largest prompt + output, in tokens (measured on data/traces).
 MOONCAKE_LONGEST_TOKENS = 126_527

@@ -15,15 +15,14 @@ from hypothesis import strategies as st
 import foretoken.sim.predictor_policy  # noqa: F401  (registers "predictor" for the contract)
 from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.sim.policy import (
+    Arrival,
     Decision,
     FleetLedger,
     FleetView,
     IgnoresFeedback,
     LeastOutstandingTokens,
     RoundRobin,
-    RouteRequest,
     RoutingPolicy,
-    WorkerInfo,
     make_policy,
     policy_names,
     register_policy,
@@ -58,8 +57,8 @@ def two_model_fleet(a: float = 1e-4) -> FleetSpec:
     )
 
 
-def route(index: int, model: str, prompt_tokens: int, at_s: float) -> RouteRequest:
-    return RouteRequest(
+def route(index: int, model: str, prompt_tokens: int, at_s: float) -> Arrival:
+    return Arrival(
         request_id=RequestId(f"r{index}"),
         model=ModelName(model),
         arrival_s=at_s,
@@ -234,7 +233,7 @@ def test_the_ledger_counts_awaiting_and_outstanding_work() -> None:
 
 def test_the_view_carries_reported_settings_only() -> None:
     spec = two_model_fleet().engine("a-1")
-    info = WorkerInfo.from_spec(spec)
+    info = spec.profile()
     assert (info.block_size, info.scheduler, info.config_hash) == (
         32,
         spec.scheduler,
@@ -253,7 +252,7 @@ class _AlwaysFirst(IgnoresFeedback):
     def __init__(self, fleet: FleetView, seed: int = 0) -> None:
         pass
 
-    def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+    def decide(self, request: Arrival, fleet: FleetView) -> Decision:
         workers = fleet.workers_for(request.model)
         if not workers:
             return Decision.reject("no worker")

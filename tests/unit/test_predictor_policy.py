@@ -17,7 +17,7 @@ import pytest
 
 from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.sim.policy import FleetLedger, make_policy
-from foretoken.sim.predictor_policy import PredictorPolicy, registration_from_spec
+from foretoken.sim.predictor_policy import PredictorPolicy
 from foretoken.sim.replay import replay
 from foretoken.sim.spec import EngineSpec, FleetSpec, KvCapacity, TruthSpec
 from foretoken.sim.traces import TraceRequest
@@ -124,7 +124,7 @@ def test_the_fits_approach_each_engines_true_curve(
         min(r.prompt_tokens for r in learned), max(r.prompt_tokens for r in learned), 16
     )
     for spec in FLEET.engines:
-        curve = policy.predictor.fits.curve(spec.id)
+        curve = policy.service.fits.curve(spec.id)
         assert not curve.default, f"{spec.id} never left the default curve"
         truth = np.array([spec.truth.prefill_s(int(n)) for n in sizes])
         fitted = np.array([curve.cost_s(float(n)) for n in sizes])
@@ -170,7 +170,7 @@ def test_the_records_carry_the_prediction_that_grading_needs(
 
 def test_registrations_carry_reported_fields_only() -> None:
     spec = FLEET.engines[1]
-    registration = registration_from_spec(spec)
+    registration = spec.profile()
     assert registration.gpu_blocks == spec.kv.gpu_blocks
     assert registration.config_hash == spec.config_hash
     assert registration.scheduler == spec.scheduler and registration.block_size == BLOCK
@@ -183,11 +183,11 @@ def test_registrations_carry_reported_fields_only() -> None:
         scheduler=spec.scheduler,
         truth=TruthSpec(prefill_a_s_per_token=1.0, prefill_b_s_per_token2=1.0),
     )
-    assert registration_from_spec(other) == registration
+    assert other.profile() == registration
 
 
 def test_the_registry_builds_it_by_name() -> None:
     ledger = FleetLedger.for_fleet(FLEET)
     policy = make_policy("predictor", ledger, seed=3)
     assert isinstance(policy, PredictorPolicy) and policy.kv_events == "full"
-    assert set(policy.predictor.workers) == {spec.id for spec in FLEET.engines}
+    assert set(policy.service.book.profiles) == {spec.id for spec in FLEET.engines}

@@ -7,17 +7,18 @@ import msgspec
 import pytest
 
 from foretoken.core.index.prefix import PrefixIndex
-from foretoken.core.routing.service import Predictor, PredictorConfig
+from foretoken.core.routing.config import PredictorConfig
+from foretoken.core.routing.service import RouteService
 from foretoken.wire.records import (
     BlockStored,
     Graded,
     KvEventBatch,
     Outcome,
-    RouteRequest,
     SchedulerSettings,
     WorkerEndpoints,
     WorkerRegistration,
 )
+from foretoken.wire.route_rpc import RouteRequest
 
 BLOCK = 16
 MODEL = "m"
@@ -31,9 +32,9 @@ def _reg(wid: str, model: str = MODEL) -> WorkerRegistration:
     )  # fmt: skip
 
 
-def _predictor(n: int = 2, **cfg: object) -> Predictor:
+def _predictor(n: int = 2, **cfg: object) -> RouteService:
     index = PrefixIndex()
-    p = Predictor(index, config=PredictorConfig(**{"explore_fraction": 0.0, **cfg}))  # type: ignore[arg-type]
+    p = RouteService(index, config=PredictorConfig(**{"explore_fraction": 0.0, **cfg}))  # type: ignore[arg-type]
     for i in range(n):
         reg = _reg(f"w{i}")
         index.register_worker(reg.worker_id, reg.model, reg.block_size)
@@ -47,73 +48,71 @@ def _req(rid: str, tokens: int = 4096, **kw: object) -> RouteRequest:
 
 def test_every_worker_is_a_candidate_and_the_fastest_is_chosen() -> None:
     p = _predictor(3)
-    resp = p.route(_req("a"), 0.0, 0.0)
-    g = resp.grant
+    g = p.route(_req("a").query(), 0.0, 0.0)
     assert g.admitted and len(g.candidates) == 3
     assert g.predicted_ttft_s == min(c.predicted_ttft_s for c in g.candidates)
     assert g.queue_wait_s is not None and g.prefill_s is not None
     assert g.predicted_ttft_s == pytest.approx(g.queue_wait_s + g.prefill_s)
-    assert resp.http_url == f"http://{g.worker_id}"
 
 
 def test_concurrent_requests_do_not_herd_onto_one_worker() -> None:
     p = _predictor(2)
-    first = p.route(_req("a", 30_000), 0.0, 0.0).grant
-    second = p.route(_req("b", 30_000), 0.0, 0.0).grant
+    first = p.route(_req("a", 30_000).query(), 0.0, 0.0)
+    second = p.route(_req("b", 30_000).query(), 0.0, 0.0)
     assert first.worker_id != second.worker_id
-    third = p.route(_req("c", 30_000), 0.0, 0.0).grant
+    third = p.route(_req("c", 30_000).query(), 0.0, 0.0)
     assert third.queue_wait_s is not None and third.queue_wait_s > 0  # someone is ahead now
 
 
 def test_decisions_are_idempotent_by_request_id() -> None:
     p = _predictor(2)
-    once = p.route(_req("a"), 0.0, 0.0)
-    again = p.route(_req("a"), 5.0, 5.0)
+    once = p.route(_req("a").query(), 0.0, 0.0)
+    again = p.route(_req("a").query(), 5.0, 5.0)
     assert once == again
-    assert sum(q.outstanding_count for q in p.queues.values()) == 1
+    assert sum(q.outstanding_count for q in p.book.queues.values()) == 1
 
 
 def test_a_bound_that_cannot_be_met_is_rejected_with_a_retry_after() -> None:
     p = _predictor(1)
     for i in range(6):  # pile up work
-        p.route(_req(f"load{i}", 60_000), 0.0, 0.0)
-    g = p.route(_req("tight", 4096, max_queue_wait_s=5.0), 0.0, 0.0).grant
+        p.route(_req(f"load{i}", 60_000).query(), 0.0, 0.0)
+    g = p.route(_req("tight", 4096, max_queue_wait_s=5.0).query(), 0.0, 0.0)
     assert not g.admitted and g.worker_id is None
     assert g.reject_reason == "predicted_ttft_exceeds_bound"
     assert g.predicted_ttft_s is not None and g.predicted_ttft_s > 5.0
     cfg = p.config
     assert g.retry_after_s is not None
     assert cfg.min_retry_after_s <= g.retry_after_s <= cfg.max_retry_after_s
-    loose = p.route(_req("loose", 4096, max_queue_wait_s=300.0), 0.0, 0.0).grant
+    loose = p.route(_req("loose", 4096, max_queue_wait_s=300.0).query(), 0.0, 0.0)
     assert loose.admitted
 
 
 def test_time_already_waited_counts_against_the_bound() -> None:
     p = _predictor(1)
-    fresh = p.route(_req("a", 2048, max_queue_wait_s=10.0), 0.0, 0.0).grant
+    fresh = p.route(_req("a", 2048, max_queue_wait_s=10.0).query(), 0.0, 0.0)
     assert fresh.admitted and fresh.predicted_ttft_s is not None
     late = p.route(
-        _req("b", 16, max_queue_wait_s=10.0, already_waited_s=10.0 - 1e-6), 0.0, 0.0
-    ).grant
+        _req("b", 16, max_queue_wait_s=10.0, already_waited_s=10.0 - 1e-6).query(), 0.0, 0.0
+    )
     assert not late.admitted
 
 
 def test_overload_without_a_bound_is_rejected_only_when_severe() -> None:
     p = _predictor(1, overload_wait_s=1.0)
-    assert p.route(_req("a", 60_000), 0.0, 0.0).grant.admitted
-    later = [p.route(_req(f"b{i}", 60_000), 0.0, 0.0).grant for i in range(4)]
+    assert p.route(_req("a", 60_000).query(), 0.0, 0.0).admitted
+    later = [p.route(_req(f"b{i}", 60_000).query(), 0.0, 0.0) for i in range(4)]
     assert not later[-1].admitted and later[-1].reject_reason == "overloaded"
 
 
 def test_explore_admits_a_fraction_of_would_be_rejections() -> None:
     p = _predictor(1, explore_fraction=1.0)
     for i in range(6):
-        p.route(_req(f"load{i}", 60_000), 0.0, 0.0)
-    g = p.route(_req("x", 4096, max_queue_wait_s=5.0), 0.0, 0.0).grant
+        p.route(_req(f"load{i}", 60_000).query(), 0.0, 0.0)
+    g = p.route(_req("x", 4096, max_queue_wait_s=5.0).query(), 0.0, 0.0)
     assert g.admitted and g.explore and g.retry_after_s is not None
 
 
-def _store(p: Predictor, wid: str, tokens: list[int]) -> None:
+def _store(p: RouteService, wid: str, tokens: list[int]) -> None:
     n = len(tokens) // BLOCK
     batch = KvEventBatch(worker_id=wid, model=MODEL, seq=0, ts=0.0, events=(BlockStored(
         block_hashes=tuple(range(1, n + 1)), token_ids=tuple(tokens[: n * BLOCK]),
@@ -126,7 +125,9 @@ def test_cached_prefix_is_credited_and_wins() -> None:
     p = _predictor(2)
     prompt = list(range(8192))
     _store(p, "w1", prompt)
-    g = p.route(RouteRequest(request_id="c", model=MODEL, token_ids=tuple(prompt)), 0.0, 0.0).grant
+    g = p.route(
+        RouteRequest(request_id="c", model=MODEL, token_ids=tuple(prompt)).query(), 0.0, 0.0
+    )
     assert g.worker_id == "w1" and g.cached_tokens == 8192
     cold = next(c for c in g.candidates if c.worker_id == "w0")
     assert cold.predicted_ttft_s > g.predicted_ttft_s  # type: ignore[operator]
@@ -134,16 +135,16 @@ def test_cached_prefix_is_credited_and_wins() -> None:
 
 def test_a_conversation_sticks_unless_staying_costs_more() -> None:
     p = _predictor(2, stickiness_margin_s=0.5)
-    first = p.route(_req("t1", 1024, conversation_id="conv"), 0.0, 0.0).grant
+    first = p.route(_req("t1", 1024, conversation_id="conv").query(), 0.0, 0.0)
     home = first.worker_id
     p.on_outcome(Outcome(request_id="t1", ts=0.1, kind="completion", worker_id=home,
                          actual_ttft_s=0.05, e2e_s=0.2, output_tokens=3), 0.2)  # type: ignore[arg-type]  # fmt: skip
-    second = p.route(_req("t2", 1024, conversation_id="conv"), 1.0, 1.0).grant
+    second = p.route(_req("t2", 1024, conversation_id="conv").query(), 1.0, 1.0)
     assert second.worker_id == home
     for i in range(5):  # the home worker gets very busy
-        p.route(_req(f"other{i}", 60_000), 1.0, 1.0)
-        p.queues[home].add(f"pin{i}", 1.0, 60_000, 0, 10)  # type: ignore[arg-type]
-    third = p.route(_req("t3", 1024, conversation_id="conv"), 1.0, 1.0).grant
+        p.route(_req(f"other{i}", 60_000).query(), 1.0, 1.0)
+        p.book.queues[home].add(f"pin{i}", 1.0, 60_000, 0, 10)  # type: ignore[arg-type]
+    third = p.route(_req("t3", 1024, conversation_id="conv").query(), 1.0, 1.0)
     assert third.worker_id != home
 
 
@@ -152,12 +153,14 @@ def test_prefer_cache_hit_takes_the_cached_worker_even_if_slower() -> None:
     prompt = list(range(4096))
     _store(p, "w1", prompt)
     for i in range(3):
-        p.queues["w1"].add(f"busy{i}", 0.0, 30_000, 0, 10)  # type: ignore[index]
-    plain = p.route(RouteRequest(request_id="p", model=MODEL, token_ids=tuple(prompt)), 0.0, 0.0)
-    assert plain.grant.worker_id == "w0"
+        p.book.queues["w1"].add(f"busy{i}", 0.0, 30_000, 0, 10)  # type: ignore[index]
+    plain = p.route(
+        RouteRequest(request_id="p", model=MODEL, token_ids=tuple(prompt)).query(), 0.0, 0.0
+    )
+    assert plain.worker_id == "w0"
     prefer = p.route(RouteRequest(request_id="q", model=MODEL, token_ids=tuple(prompt),
-                                  prefer_cache_hit=True), 0.0, 0.0)  # fmt: skip
-    assert prefer.grant.worker_id == "w1"
+                                  prefer_cache_hit=True).query(), 0.0, 0.0)  # fmt: skip
+    assert prefer.worker_id == "w1"
 
 
 def test_cold_samples_teach_the_fit() -> None:
@@ -166,8 +169,8 @@ def test_cold_samples_teach_the_fit() -> None:
     t = 0.0
     for i, n in enumerate([1000, 2000, 4000, 8000, 12000, 16000, 24000, 32000, 48000, 64000]):
         rid = f"s{i}"
-        resp = p.route(_req(rid, n), t, t)
-        assert resp.grant.admitted
+        resp = p.route(_req(rid, n).query(), t, t)
+        assert resp.admitted
         actual = a * n + b * n * n
         first = Outcome(request_id=rid, ts=t + actual, kind="first_token", worker_id="w0",
                         actual_ttft_s=actual)  # type: ignore[arg-type]  # fmt: skip
@@ -188,7 +191,7 @@ def test_cold_samples_teach_the_fit() -> None:
 
 def test_no_worker_for_the_model_is_a_rejection_not_a_crash() -> None:
     p = _predictor(1)
-    g = p.route(RouteRequest(request_id="z", model="other", token_ids=(1, 2, 3)), 0.0, 0.0).grant
+    g = p.route(RouteRequest(request_id="z", model="other", token_ids=(1, 2, 3)).query(), 0.0, 0.0)
     assert not g.admitted and g.reject_reason == "no_worker_for_model"
 
 
@@ -197,9 +200,9 @@ def test_an_idle_worker_on_the_default_curve_gets_cold_requests_to_learn() -> No
     for i, n in enumerate([1000, 2000, 4000, 8000, 12000, 16000, 24000, 32000, 48000]):
         p.fits.observe_cold("w0", "c", n, 2e-5 * n, float(i))  # type: ignore[arg-type]
     assert not p.fits.curve("w0").default and p.fits.curve("w1").default  # type: ignore[arg-type]
-    learned_is_faster = p.route(_req("a", 4096), 0.0, 0.0).grant
+    learned_is_faster = p.route(_req("a", 4096).query(), 0.0, 0.0)
     assert learned_is_faster.worker_id == "w1"  # idle and still learning: it takes the sample
-    busy_now = p.route(_req("b", 4096), 0.0, 0.0).grant
+    busy_now = p.route(_req("b", 4096).query(), 0.0, 0.0)
     assert busy_now.worker_id == "w0"  # the learner is busy: back to the fastest prediction
 
 
@@ -211,21 +214,21 @@ def test_a_worker_whose_cache_cannot_hold_the_prompt_is_not_a_candidate() -> Non
         gpu_blocks=64,
     )  # fmt: skip
     p.on_registration(small)
-    g = p.route(_req("big", 64 * BLOCK + 1), 0.0, 0.0).grant
+    g = p.route(_req("big", 64 * BLOCK + 1).query(), 0.0, 0.0)
     assert [c.worker_id for c in g.candidates] == ["w0"]
     p.on_registration(WorkerRegistration(**{**{f: getattr(_reg("w0"), f) for f in
                       WorkerRegistration.__struct_fields__}, "gpu_blocks": 64}))  # fmt: skip
-    g = p.route(_req("too-big", 64 * BLOCK + 1), 0.0, 0.0).grant
+    g = p.route(_req("too-big", 64 * BLOCK + 1).query(), 0.0, 0.0)
     assert not g.admitted and g.reject_reason == "prompt_exceeds_kv_capacity"
     assert g.retry_after_s is None
     p.on_registration(small)
-    g = p.route(_req("fits", 64 * BLOCK - 1), 0.0, 0.0).grant
+    g = p.route(_req("fits", 64 * BLOCK - 1).query(), 0.0, 0.0)
     assert {c.worker_id for c in g.candidates} == {"w0", "tiny"}
 
 
 def test_a_prompt_whose_own_prefill_exceeds_the_bound_is_told_not_to_retry() -> None:
     p = _predictor(1)
-    g = p.route(_req("huge", 60_000, max_queue_wait_s=5.0), 0.0, 0.0).grant
+    g = p.route(_req("huge", 60_000, max_queue_wait_s=5.0).query(), 0.0, 0.0)
     assert not g.admitted and g.reject_reason == "prefill_exceeds_bound"
     assert g.retry_after_s is None  # waiting cannot help
 
@@ -240,7 +243,7 @@ def test_a_worker_that_is_never_idle_learns_from_back_to_back_first_tokens() -> 
     for k, n in enumerate(sizes):
         req = RouteRequest(request_id=f"q{k}", model=MODEL,
                            token_ids=tuple(range(10_000 * k, 10_000 * k + n)))  # fmt: skip
-        assert p.route(req, 0.0, 0.0).grant.admitted
+        assert p.route(req.query(), 0.0, 0.0).admitted
     assert p.fits.curve("w0").default
     t = 0.0
     for k, n in enumerate(sizes):
@@ -262,7 +265,7 @@ def test_small_prompts_on_a_chunked_engine_give_no_busy_samples() -> None:
     p = _predictor(1)
     for k in range(12):
         req = RouteRequest(request_id=f"s{k}", model=MODEL, token_ids=tuple(range(500 + k)))
-        p.route(req, 0.0, 0.0)
+        p.route(req.query(), 0.0, 0.0)
     for k in range(12):
         p.on_outcome(Outcome(request_id=f"s{k}", ts=0.1 * (k + 1), kind="first_token",
                              worker_id="w0", actual_ttft_s=0.1 * (k + 1)), 1.0)  # fmt: skip
@@ -273,7 +276,7 @@ def test_on_a_one_sequence_engine_the_busy_gap_starts_at_the_previous_completion
     """A serial engine decodes a request to its end before the next prompt starts: the gap
     from the previous first token would count that decode as prefill."""
     index = PrefixIndex()
-    p = Predictor(index, config=PredictorConfig(explore_fraction=0.0))
+    p = RouteService(index, config=PredictorConfig(explore_fraction=0.0))
     reg = msgspec.structs.replace(
         _reg("w0"), scheduler=SchedulerSettings(max_num_seqs=1, chunked_prefill=False)
     )
@@ -284,7 +287,7 @@ def test_on_a_one_sequence_engine_the_busy_gap_starts_at_the_previous_completion
     for k, n in enumerate(sizes):
         req = RouteRequest(request_id=f"q{k}", model=MODEL,
                            token_ids=tuple(range(10_000 * k, 10_000 * k + n)))  # fmt: skip
-        p.route(req, 0.0, 0.0)
+        p.route(req.query(), 0.0, 0.0)
     t = 0.0
     for k, n in enumerate(sizes):
         t += a * n

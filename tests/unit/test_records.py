@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import types
 import typing
@@ -12,18 +13,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from foretoken.core.types import U64_MASK
+from foretoken.wire.codec import DecodeError, decode, encode, normalize_engine_hash
 from foretoken.wire.records import (
     RECORD_TYPES,
     SCHEMA_VERSION,
-    U64_MASK,
-    DecodeError,
     Grant,
     KvEventBatch,
     Outcome,
     Record,
-    decode,
-    encode,
-    normalize_engine_hash,
 )
 
 FINITE = st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False)
@@ -47,6 +45,8 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Literal:
         return st.sampled_from(args)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return st.sampled_from(list(tp))
     if origin is tuple:
         return st.lists(strategy_for(args[0]), max_size=4).map(tuple)
     if isinstance(tp, types.UnionType) or origin is typing.Union:
@@ -153,7 +153,8 @@ def test_out_of_range_hashes_are_refused(bad: int | bytes) -> None:
 
 
 def test_a_route_request_carries_its_tokens_packed() -> None:
-    from foretoken.wire.records import RouteRequest, decode, encode, pack_token_ids
+    from foretoken.wire.codec import decode, encode
+    from foretoken.wire.route_rpc import RouteRequest, pack_token_ids
 
     ids = [0, 1, 50_000, 2**32 - 1]
     req = RouteRequest(request_id="r", model="m", packed_token_ids=pack_token_ids(ids))

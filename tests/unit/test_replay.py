@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 
 from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.sim.policy import (
+    Arrival,
     Decision,
     FleetLedger,
     FleetView,
     IgnoresFeedback,
     LeastOutstandingTokens,
     RoundRobin,
-    RouteRequest,
     RoutingPolicy,
 )
 from foretoken.sim.prefix_cache import KvEventDetail
@@ -172,7 +172,7 @@ class Gatekeeper(IgnoresFeedback):
     def __init__(self, fleet: FleetView, seed: int = 0) -> None:
         self.finished: list[tuple[str, str | None]] = []
 
-    def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+    def decide(self, request: Arrival, fleet: FleetView) -> Decision:
         if request.prompt_tokens > 50:
             return Decision.reject("too long", retry_after_s=2.0)
         worker = fleet.workers_for(request.model)[0].worker_id
@@ -222,7 +222,7 @@ def test_rejections_predictions_and_cache_disagreement_are_recorded() -> None:
 
 
 class SendAll(Gatekeeper):
-    def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+    def decide(self, request: Arrival, fleet: FleetView) -> Decision:
         return Decision(fleet.workers_for(request.model)[0].worker_id, "only")
 
 
@@ -241,7 +241,7 @@ def test_a_request_no_engine_can_hold_is_an_error() -> None:
 
 def test_a_choice_outside_the_model_is_refused() -> None:
     class Stray(Gatekeeper):  # names a worker that does not exist
-        def decide(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        def decide(self, request: Arrival, fleet: FleetView) -> Decision:
             return Decision(WorkerId("nowhere"), "lost")
 
     fleet = toy_fleet()

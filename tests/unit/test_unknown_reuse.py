@@ -18,21 +18,17 @@ from foretoken.adapters.lake.report import render, report
 from foretoken.adapters.lake.views import connect, rows
 from foretoken.adapters.lake.writer import write_lake
 from foretoken.core.cost.fit import MIN_COLD_PROMPT_TOKENS
-from foretoken.core.cost.registry import NEAR_COLD_SHARE, prefill_sample_cached, select_cold_sample
-from foretoken.core.grading.join import GradingJoin, grade
+from foretoken.core.cost.samples import NEAR_COLD_SHARE, prefill_sample_cached, select_cold_sample
+from foretoken.core.grading.grades import grade
+from foretoken.core.grading.join import GradingJoin
 from foretoken.core.grading.summary import summarize
 from foretoken.core.index.approx import ApproxCacheConfig, index_params
 from foretoken.core.index.prefix import PrefixIndex
-from foretoken.core.routing.service import Predictor, PredictorConfig
-from foretoken.core.types import ModelName, RequestId, WorkerId
-from foretoken.wire.records import (
-    Graded,
-    Grant,
-    Outcome,
-    RouteRequest,
-    WorkerEndpoints,
-    WorkerRegistration,
-)
+from foretoken.core.routing.config import PredictorConfig
+from foretoken.core.routing.service import RouteService
+from foretoken.core.types import GradedRequest, ModelName, RequestId, WorkerId
+from foretoken.wire.records import Grant, Outcome, WorkerEndpoints, WorkerRegistration
+from foretoken.wire.route_rpc import RouteRequest
 
 BLOCK = 16
 MODEL = ModelName("m")
@@ -56,7 +52,7 @@ def outcomes(rid: str, engine_cached: int | None, ttft: float = 1.2) -> tuple[Ou
 
 
 def graded(rid: str, credited: int, engine: int | None, source: str = "events",
-           ttft: float = 1.2, reports: bool = True) -> Graded:  # fmt: skip
+           ttft: float = 1.2, reports: bool = True) -> GradedRequest:  # fmt: skip
     first, done = outcomes(rid, engine, ttft)
     return grade(grant(rid, credited, source), first, done, lambda w: BLOCK, lambda w: reports)
 
@@ -155,7 +151,7 @@ def test_old_lake_rows_without_the_column_count_as_events(tmp_path: Path) -> Non
 # --------------------------------------------------------------------------- end to end
 
 
-def _silent_worker(index: PrefixIndex, predictor: Predictor) -> WorkerRegistration:
+def _silent_worker(index: PrefixIndex, predictor: RouteService) -> WorkerRegistration:
     reg = WorkerRegistration(
         worker_id=WorkerId("w"), model=MODEL, engine="llamacpp", engine_version="x",
         block_size=BLOCK, endpoints=WorkerEndpoints(http_url="http://w"), config_hash="c",
@@ -168,11 +164,13 @@ def _silent_worker(index: PrefixIndex, predictor: Predictor) -> WorkerRegistrati
     return reg
 
 
-def _serve(p: Predictor, rid: str, tokens: tuple[int, ...], t: float, ttft: float) -> Graded:
+def _serve(
+    p: RouteService, rid: str, tokens: tuple[int, ...], t: float, ttft: float
+) -> GradedRequest:
     """Route → grant → outcomes (the engine says nothing about reuse) → graded."""
     req = RouteRequest(request_id=RequestId(rid), model=MODEL, token_ids=tokens)
     t += TS  # one clock, as in the worker (time.time() for both)
-    g = p.route(req, t, t).grant
+    g = p.route(req.query(), t, t)
     p.on_grant(g, t)
     first = Outcome(request_id=g.request_id, ts=t + ttft, kind="first_token",
                     worker_id=WorkerId("w"), actual_ttft_s=ttft)  # fmt: skip
@@ -188,7 +186,7 @@ def test_flags_travel_from_prediction_to_the_lake_and_cold_samples_are_first_req
     tmp_path: Path,
 ) -> None:
     index = PrefixIndex()
-    p = Predictor(index, config=PredictorConfig(explore_fraction=0.0))
+    p = RouteService(index, config=PredictorConfig(explore_fraction=0.0))
     _silent_worker(index, p)
     shared = tuple(range(4096))
     cold = _serve(p, "r1", shared, 0.0, 0.8)
@@ -218,7 +216,7 @@ def test_flags_travel_from_prediction_to_the_lake_and_cold_samples_are_first_req
 # --------------------------------------------------------------------------- cold samples
 
 
-def _cold_candidate(**kw: Any) -> Graded:
+def _cold_candidate(**kw: Any) -> GradedRequest:
     base = graded("s", 0, None, "approximate")
     return msgspec.structs.replace(base, prompt_tokens=max(MIN_COLD_PROMPT_TOKENS, 4096), **kw)
 

@@ -18,14 +18,8 @@ from foretoken.sim.live.vllm_wire import (
     encode_replay_stream,
     encode_vllm_frames,
 )
-from foretoken.wire.records import (
-    AllCleared,
-    BlockRemoved,
-    BlockStored,
-    DecodeError,
-    IndexReset,
-    KvEvent,
-)
+from foretoken.wire.codec import DecodeError
+from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, IndexReset, KvEvent
 
 W = WorkerId("w")
 M = ModelName("m")

@@ -1,6 +1,7 @@
 """The grading dashboard (PRODUCT.md §4): how good were the TTFT predictions?
 
-    streamlit run dashboards/app.py -- --lake LAKE_DIR [--refresh-s 10]
+    foretoken dashboard --lake LAKE_DIR [--refresh-s 10]
+    streamlit run foretoken/adapters/dashboard/app.py -- --lake LAKE_DIR [--refresh-s 10]
 
 The lake may also come from ``FORETOKEN_LAKE`` and the refresh interval from
 ``FORETOKEN_DASHBOARD_REFRESH_S`` (0, the default, turns live refresh off; the sidebar
@@ -623,7 +624,7 @@ def main() -> None:
     settings = app_settings(sys.argv[1:], dict(os.environ))
     st.title("foretoken · prediction grades")
     if not settings.lake:
-        st.error(f"No lake: run `streamlit run dashboards/app.py -- --lake DIR` or set {LAKE_ENV}.")
+        st.error(f"No lake: run `foretoken dashboard --lake DIR` or set {LAKE_ENV}.")
         st.stop()
     lake = str(Path(settings.lake).expanduser())
     if not Path(lake).is_dir():

@@ -12,7 +12,7 @@ only ``graded`` and takes its filters as ``?`` parameters — the SQL text is fi
 built from user input. Each query runs on its own cursor, so one connection serves every
 Streamlit session (each runs in its own thread).
 
-No Streamlit here: the app (``dashboards/app.py``) decides how things look.
+No Streamlit here: the app (``app.py`` beside it) decides how things look.
 """
 
 from __future__ import annotations

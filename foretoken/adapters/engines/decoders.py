@@ -83,15 +83,14 @@ from typing import Any, Final, Literal
 import msgspec
 
 from foretoken.core.types import EngineBlockHash, ModelName, WorkerId
+from foretoken.wire.codec import DecodeError, normalize_engine_hash
 from foretoken.wire.records import (
     AllCleared,
     BlockRemoved,
     BlockStored,
-    DecodeError,
     KvEvent,
     KvEventBatch,
     Tier,
-    normalize_engine_hash,
 )
 
 Engine = Literal["vllm", "sglang"]

@@ -37,7 +37,8 @@ from foretoken.adapters.kafka.producer import RecordProducer
 from foretoken.adapters.kafka.readiness import StartupError, wait_for_topics
 from foretoken.core.types import ModelName, WorkerId
 from foretoken.settings import Settings
-from foretoken.wire.records import DeadLetter, DecodeError, IndexReset, KvEventBatch
+from foretoken.wire.codec import DecodeError
+from foretoken.wire.records import DeadLetter, IndexReset, KvEventBatch
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from foretoken.wire.records import RECORD_TYPES, DeadLetter, DecodeError, Record, decode
+from foretoken.wire.codec import DecodeError, decode
+from foretoken.wire.records import RECORD_TYPES, DeadLetter, Record
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ from aiokafka import AIOKafkaConsumer
 
 from foretoken.core.grading.summary import summarize
 from foretoken.settings import Settings
-from foretoken.wire.records import DecodeError, Graded, decode
+from foretoken.wire.codec import DecodeError, decode
+from foretoken.wire.records import Graded
 
 IDLE_S = 5.0
 

@@ -13,16 +13,17 @@ missed either.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
 import msgspec
 
+from foretoken.adapters.files import write_atomically
 from foretoken.adapters.kafka.dispatch import Position
-from foretoken.core.index.approx import ApproxCacheConfig, cache_source, index_params
-from foretoken.core.index.prefix import PrefixIndex
+from foretoken.core.index.approx import ApproxCacheConfig, index_params
+from foretoken.core.index.protocol import Index, make_index, restore_index
 from foretoken.core.types import ModelName, WorkerId
+from foretoken.settings import Settings
 from foretoken.wire.records import KvEventBatch, Record, WorkerRegistration
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,10 @@ SNAPSHOT_VERSION = 1
 # Batches of a worker whose registration has not been consumed yet (the two topics are read
 # independently) wait here, up to this many per worker; older ones are dropped and counted.
 MAX_PENDING_BATCHES = 10_000
+
+
+def snapshot_path(settings: Settings) -> Path:
+    return settings.worker_data_path / "index.snapshot"
 
 
 class _Snapshot(msgspec.Struct, frozen=True):
@@ -46,14 +51,14 @@ class IndexKeeper:
         self,
         topic: str,
         path: Path | None,
-        index: PrefixIndex | None = None,
+        index: Index | None = None,
         approx: ApproxCacheConfig | None = None,
     ) -> None:
         self.topic = topic
         self.approx = approx or ApproxCacheConfig()
         self.registrations: dict[WorkerId, WorkerRegistration] = {}
         self.path = path
-        self.index = index or PrefixIndex()
+        self.index = index if index is not None else make_index()
         self.applied: dict[int, int] = {}  # partition -> offset of the last applied batch
         self.skipped = 0
         self.snapshots = 0
@@ -120,13 +125,7 @@ class IndexKeeper:
             ts=time.time(),
             pending={w: list(b) for w, b in self.pending.items()},
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("wb") as f:
-            f.write(msgspec.msgpack.encode(snap))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.rename(self.path)
+        write_atomically(self.path, msgspec.msgpack.encode(snap))
         self.snapshots += 1
         return self.path
 
@@ -141,11 +140,11 @@ class IndexKeeper:
             snap = msgspec.msgpack.decode(path.read_bytes(), type=_Snapshot)
             if snap.version != SNAPSHOT_VERSION or snap.topic != topic:
                 raise ValueError(f"snapshot of {snap.topic} v{snap.version}")
-            keeper.index = PrefixIndex.restore(snap.index)
+            keeper.index = restore_index(snap.index)
             keeper.applied = dict(snap.applied)
             keeper.restored_from = dict(snap.applied)
             keeper.pending = {WorkerId(w): list(b) for w, b in snap.pending.items()}
-            keeper.known = {WorkerId(w) for w in keeper.index.stats()["workers"]}  # type: ignore[attr-defined]
+            keeper.known = set(keeper.index.worker_ids())
         except (OSError, ValueError, msgspec.DecodeError) as exc:
             log.warning("ignoring index snapshot %s (%s): replaying %s from the start",
                         path, exc, topic)  # fmt: skip
@@ -179,9 +178,9 @@ class IndexKeeper:
         if reg is None:
             return {"cache_source": None}
         if reg.has_kv_events:
-            return {"cache_source": cache_source(reg)}
+            return {"cache_source": reg.cache_source}
         ttl_s, capacity = index_params(reg, self.approx)
-        return {"cache_source": cache_source(reg), "ttl_s": ttl_s, "capacity_blocks": capacity}
+        return {"cache_source": reg.cache_source, "ttl_s": ttl_s, "capacity_blocks": capacity}
 
     def lookup_page(self, model: str, token_ids: list[int]) -> dict[str, object]:
         self.index.age(time.time())

@@ -12,7 +12,7 @@ from foretoken.wire.records import ControlEvent
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4"
 
 
-class WorkerMetrics:
+class ProcessorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.consumed = Counter(

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaProducer
 
 from foretoken.settings import Settings
-from foretoken.wire.records import RECORD_TYPES, Record, encode
+from foretoken.wire.codec import encode
+from foretoken.wire.records import RECORD_TYPES, Record
 
 LINGER_MS = 5
 

@@ -68,7 +68,8 @@ import msgspec
 import polars as pl
 import pyarrow as pa
 
-from foretoken.wire.records import Graded
+from foretoken.core.types import GradedRequest
+from foretoken.wire.records import Graded, as_record
 
 LAKE_TABLE: Final = "graded"
 HOUR_PARTITION: Final = "hour"
@@ -102,16 +103,20 @@ def _polars_type(info: msgspec.inspect.Type) -> pl.DataType:
         return pl.Int64()
     if isinstance(info, msgspec.inspect.FloatType):
         return pl.Float64()
-    if isinstance(info, msgspec.inspect.StrType | msgspec.inspect.LiteralType):
+    if isinstance(
+        info, msgspec.inspect.StrType | msgspec.inspect.LiteralType | msgspec.inspect.EnumType
+    ):
         return pl.String()
     raise TypeError(f"no lake column type for {info!r}")
 
 
 def graded_schema() -> dict[str, pl.DataType]:
-    """The lake's columns: every ``Graded`` field, typed (stable when a column is all null)."""
+    """The lake's columns: every ``Graded`` field, typed (stable when a column is all null),
+    ``schema_version`` first as the lake has always had it."""
     info = msgspec.inspect.type_info(Graded)
     assert isinstance(info, msgspec.inspect.StructType)
-    return {f.name: _polars_type(f.type) for f in info.fields}
+    columns = {f.name: _polars_type(f.type) for f in info.fields}
+    return {"schema_version": columns.pop("schema_version"), **columns}
 
 
 def graded_arrow_schema() -> pa.Schema:
@@ -119,8 +124,10 @@ def graded_arrow_schema() -> pa.Schema:
     return pl.DataFrame(schema=graded_schema()).to_arrow().schema
 
 
-def graded_frame(records: Sequence[Graded]) -> pl.DataFrame:
-    return pl.DataFrame(msgspec.to_builtins(list(records)), schema=graded_schema(), orient="row")
+def graded_frame(records: Sequence[GradedRequest]) -> pl.DataFrame:
+    """Graded requests as lake rows (a core value is written as the wire record it is)."""
+    rows = msgspec.to_builtins([as_record(Graded, r) for r in records])
+    return pl.DataFrame(rows, schema=graded_schema(), orient="row")
 
 
 def hour_of(ts: pl.Expr) -> pl.Expr:
@@ -252,7 +259,7 @@ class LakeWriter:
 
     # ------------------------------------------------------------------ append
 
-    def append(self, records: Sequence[Graded]) -> list[Path]:
+    def append(self, records: Sequence[GradedRequest]) -> list[Path]:
         """Write ``records`` (one file per hour touched); a request id repeated in the batch
         keeps its last record. Returns the files written."""
         if not records:
@@ -334,6 +341,6 @@ class LakeWriter:
                 continue
 
 
-def write_lake(records: Sequence[Graded], out_dir: str | Path) -> list[Path]:
+def write_lake(records: Sequence[GradedRequest], out_dir: str | Path) -> list[Path]:
     """Append ``records`` to the lake under ``out_dir``; returns the files written."""
     return LakeWriter(out_dir).append(records)

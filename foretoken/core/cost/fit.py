@@ -34,7 +34,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from foretoken.wire.records import FitUsed
+from foretoken.core.types import FitUsed
 
 FloatArray = npt.NDArray[np.float64]
 

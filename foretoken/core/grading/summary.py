@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from foretoken.wire.records import Graded
+from foretoken.core.types import GradedRequest
 
 
-def summarize(graded: Sequence[Graded]) -> dict[str, Any]:
+def summarize(graded: Sequence[GradedRequest]) -> dict[str, Any]:
     served = [g for g in graded if g.status == "served"]
     errors = np.array([g.error_s for g in served if g.error_s is not None], dtype=float)
     known = [g for g in served if g.cache_disagreement is not None]

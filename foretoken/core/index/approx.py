@@ -1,7 +1,7 @@
 """Approximate cache mode for engines that publish no KV events (issue 9, pure).
 
 llama.cpp, TGI and vLLM deployments without ``--kv-events-config`` tell foretoken nothing
-about their prefix cache. For such a worker (``WorkerRegistration.has_kv_events = False``)
+about their prefix cache. For such a worker (``WorkerProfile.has_kv_events = False``)
 the index is fed by the route service's own decisions instead, as Dynamo's and SGLang's
 routers do without events:
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from foretoken.wire.records import CacheSource, WorkerRegistration
+from foretoken.core.types import WorkerProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,21 +42,14 @@ class ApproxCacheConfig:
         if self.default_capacity_tokens < 1:
             raise ValueError("approximate cache default_capacity_tokens must be >= 1")
 
-    def capacity_blocks(self, reg: WorkerRegistration) -> int:
+    def capacity_blocks(self, reg: WorkerProfile) -> int:
         """The worker's estimated cache capacity in blocks (its own figure when it has one)."""
         if reg.gpu_blocks is not None:
             return reg.gpu_blocks
         return max(1, self.default_capacity_tokens // reg.block_size)
 
 
-def cache_source(reg: WorkerRegistration) -> CacheSource:
-    """Where the index's view of this worker comes from."""
-    return "events" if reg.has_kv_events else "approximate"
-
-
-def index_params(
-    reg: WorkerRegistration, config: ApproxCacheConfig
-) -> tuple[float | None, int | None]:
+def index_params(reg: WorkerProfile, config: ApproxCacheConfig) -> tuple[float | None, int | None]:
     """``(store_only_ttl_s, capacity_blocks)`` for ``PrefixIndex.register_worker``: aged and
     capped for a worker without events, neither for one that publishes them."""
     if reg.has_kv_events:

@@ -42,8 +42,15 @@ from foretoken.core.index.state import (
     tier_index,
 )
 from foretoken.core.index.walk import walk
-from foretoken.core.types import ModelName, WorkerId
-from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, IndexReset, KvEventBatch
+from foretoken.core.types import (
+    AllCleared,
+    BlockRemoved,
+    BlockStored,
+    IndexReset,
+    KvBatch,
+    ModelName,
+    WorkerId,
+)
 
 SNAPSHOT_VERSION = 1
 # apply() keeps its per-call stats and sums them into the totals this often (amortized).
@@ -126,7 +133,7 @@ class PrefixIndex:
 
     # ------------------------------------------------------------------ events
 
-    def apply(self, batch: KvEventBatch, now_s: float) -> ApplyStats:
+    def apply(self, batch: KvBatch, now_s: float) -> ApplyStats:
         """Apply one normalized engine batch; ``now_s`` is a monotonic clock.
 
         The returned stats are also summed into :attr:`totals` (treat them as read-only).
@@ -559,6 +566,9 @@ class PrefixIndex:
         if self._done:
             self._totals = ApplyStats.total([self._totals, *self._done])
             self._done = []
+
+    def worker_ids(self) -> list[WorkerId]:
+        return list(self._workers)
 
     def last_seq(self, worker_id: WorkerId) -> dict[int, int]:
         """Per data-parallel rank, the seq of the last batch applied (to resume ingest)."""

@@ -18,8 +18,7 @@ import msgspec
 from msgspec.structs import astuple
 
 from foretoken.core.index import content_hash
-from foretoken.core.types import ModelName, WorkerId
-from foretoken.wire.records import Tier
+from foretoken.core.types import ModelName, Tier, WorkerId
 
 TIERS: Final[tuple[Tier, ...]] = ("GPU", "CPU", "DISK", "SHARED")  # fastest first
 TIER_INDEX: Final[dict[str, int]] = {tier: i for i, tier in enumerate(TIERS)}

@@ -33,7 +33,7 @@ from foretoken.core.queue.scheduler import (
     _Scheduler,
     prefill_span,
 )
-from foretoken.wire.records import SchedulerSettings
+from foretoken.core.types import SchedulerSettings
 
 
 @dataclass(frozen=True, slots=True)

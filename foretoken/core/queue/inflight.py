@@ -33,7 +33,7 @@ from foretoken.core.queue.scheduler import (
     _Seq,
     prefill_span,
 )
-from foretoken.wire.records import SchedulerSettings
+from foretoken.core.types import SchedulerSettings
 
 
 class InFlightEstimate:

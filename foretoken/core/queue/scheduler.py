@@ -41,7 +41,7 @@ from itertools import compress
 from operator import attrgetter
 from typing import Final, Literal, Protocol
 
-from foretoken.wire.records import SchedulerSettings
+from foretoken.core.types import SchedulerSettings
 
 # Output tokens a sequence is assumed to have left when its estimate has run out.
 MIN_OUTPUT_TOKENS_LEFT: Final = 1

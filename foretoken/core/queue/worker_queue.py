@@ -32,8 +32,7 @@ from foretoken.core.queue.scheduler import (
     StepCost,
     prefill_span,
 )
-from foretoken.core.types import RequestId
-from foretoken.wire.records import SchedulerSettings
+from foretoken.core.types import RequestId, SchedulerSettings
 
 SNAPSHOT_VERSION: Final = 1
 # Finished request ids (and first tokens that came before their grant) remembered, so a

@@ -49,15 +49,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from foretoken.core.types import RequestId, WorkerId
-from foretoken.settings import ControlSettings, WorkloadClass
-from foretoken.wire.records import ControlEvent, ControlSignals, ControlStage, Grant, Outcome
+from foretoken.core.routing.classes import ControlSettings, WorkloadClass
+from foretoken.core.types import (
+    ControlChange,
+    ControlSignals,
+    ControlStage,
+    RejectReason,
+    RequestId,
+    RequestOutcome,
+    RouteDecision,
+    WorkerId,
+)
 
-STAGES: tuple[ControlStage, ...] = ("ok", "warn", "reroute", "admission")
+STAGES: tuple[ControlStage, ...] = tuple(ControlStage)
 OK, WARN, REROUTE, ADMISSION = range(4)
-REJECT_REASON = "admission_control"
-# Requests without any outcome for this long are forgotten (lost outcome).
-PENDING_MAX_AGE_S = 900.0
+REJECT_REASON = RejectReason.ADMISSION_CONTROL
 HISTORY = 10_000
 DONE_MEMORY = 100_000
 
@@ -105,8 +111,8 @@ class LatencyControls:
         self.pending: dict[RequestId, _Pending] = {}
         self.tracks: dict[tuple[str, WorkerId], _Track] = {}
         self.workers: dict[WorkerId, _WorkerSignals] = {}
-        self.events: list[ControlEvent] = []  # not yet handed out (drain)
-        self.history: deque[ControlEvent] = deque(maxlen=HISTORY)
+        self.events: list[ControlChange] = []  # not yet handed out (drain)
+        self.history: deque[ControlChange] = deque(maxlen=HISTORY)
         self.transitions = 0
         # Requests already resolved: a grant re-delivered on ``grants`` is not new work.
         self.done: OrderedDict[RequestId, None] = OrderedDict()
@@ -135,7 +141,7 @@ class LatencyControls:
             track = self.tracks[(klass, worker)] = _Track()
         return track
 
-    def observe_grant(self, grant: Grant, now_s: float) -> None:
+    def observe_grant(self, grant: RouteDecision, now_s: float) -> None:
         """An admitted grant (idempotent by request id): a request now waits on a worker."""
         rid = grant.request_id
         if not grant.admitted or grant.worker_id is None or rid in self.pending or rid in self.done:
@@ -151,7 +157,7 @@ class LatencyControls:
         sig.queue_tokens += queued
         sig.depth.append((now_s, sig.queue_tokens))
 
-    def observe_outcome(self, outcome: Outcome, now_s: float) -> None:
+    def observe_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         """A first token gives a queue-time sample; a failure before it, a lower bound."""
         pending = self.pending.get(outcome.request_id)
         if pending is None:
@@ -200,7 +206,7 @@ class LatencyControls:
             or signals.timeouts + signals.cancellations > 0
         )
 
-    def tick(self, now_s: float) -> list[ControlEvent]:
+    def tick(self, now_s: float) -> list[ControlChange]:
         """Re-evaluate every (class, worker) at most every ``evaluate_every_s``; returns the
         stage changes made now (also queued for :meth:`drain`)."""
         if not self.settings.enabled:
@@ -215,7 +221,7 @@ class LatencyControls:
             bound = now_s - p.sent_s - p.non_queue_s
             if bound > 0:
                 lower_bounds.setdefault((p.klass, p.worker), []).append(bound)
-        changes: list[ControlEvent] = []
+        changes: list[ControlChange] = []
         signals = {w: self.signals(w, now_s) for w in self.workers}
         for (name, worker), track in self.tracks.items():
             since = now_s - self.settings.window_s
@@ -246,7 +252,7 @@ class LatencyControls:
         track: _Track,
         sig: ControlSignals,
         now_s: float,
-    ) -> ControlEvent | None:
+    ) -> ControlChange | None:
         s = self.settings
         thr = self.thresholds(klass)
         tail = track.tail_s
@@ -308,11 +314,11 @@ class LatencyControls:
         sig: ControlSignals,
         now_s: float,
         reason: str,
-    ) -> ControlEvent:
+    ) -> ControlChange:
         before = track.stage
         track.stage = to
         tail = track.tail_s
-        return ControlEvent(
+        return ControlChange(
             ts=now_s,
             workload_class=name,
             worker_id=worker,
@@ -337,7 +343,8 @@ class LatencyControls:
         return pending
 
     def _forget_lost(self, now_s: float) -> None:
-        lost = [r for r, p in self.pending.items() if now_s - p.sent_s > PENDING_MAX_AGE_S]
+        max_age = self.settings.pending_max_age_s
+        lost = [r for r, p in self.pending.items() if now_s - p.sent_s > max_age]
         for rid in lost:
             p = self._resolve(rid)
             sig = self._signals(p.worker)
@@ -347,7 +354,7 @@ class LatencyControls:
 
     def stage(self, klass: str, worker: WorkerId) -> ControlStage:
         track = self.tracks.get((self.resolve(klass)[0], worker))
-        return STAGES[track.stage] if track is not None else "ok"
+        return STAGES[track.stage] if track is not None else ControlStage.OK
 
     def avoid(self, klass: str, worker: WorkerId) -> bool:
         """Whether requests of the class should leave this worker (reroute or above)."""
@@ -384,7 +391,7 @@ class LatencyControls:
 
     # ------------------------------------------------------------------ output
 
-    def drain(self) -> list[ControlEvent]:
+    def drain(self) -> list[ControlChange]:
         out, self.events = self.events, []
         return out
 

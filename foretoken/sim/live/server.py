@@ -44,7 +44,7 @@ from foretoken.sim.live.vllm_wire import (
     encode_vllm_frames,
 )
 from foretoken.sim.spec import EngineSpec, FleetSpec
-from foretoken.wire.records import DecodeError
+from foretoken.wire.codec import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -448,7 +448,7 @@ async def run_fleet(
 async def _register(settings: Any, configs: list[EngineConfig]) -> None:
     from foretoken.adapters.kafka.producer import RecordProducer
     from foretoken.adapters.kafka.readiness import StartupError, wait_for_topics
-    from foretoken.ops.kafka_local import accepts_connections
+    from foretoken.adapters.ports import accepts_connections
 
     if not accepts_connections(settings.kafka.bootstrap_servers):
         log.warning("no broker at %s: engines not registered on workers (ingest will do it)",

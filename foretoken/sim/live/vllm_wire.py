@@ -35,14 +35,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from foretoken.wire.records import (
-    AllCleared,
-    BlockRemoved,
-    BlockStored,
-    DecodeError,
-    KvEvent,
-    Tier,
-)
+from foretoken.wire.codec import DecodeError
+from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, KvEvent, Tier
 
 Encoding = Literal["map", "array"]
 

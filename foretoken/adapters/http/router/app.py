@@ -33,11 +33,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from foretoken.adapters.engines.engines_file import EngineConfig
 from foretoken.adapters.http.router.publisher import Publisher
 from foretoken.adapters.http.tokenizers import Tokenizers
-from foretoken.core.routing.fallback import least_outstanding
+from foretoken.core.routing.decide import decision
+from foretoken.core.routing.fallback import Load, least_outstanding
 from foretoken.core.tokenizer import chat_to_text
-from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.core.types import ModelName, RejectReason, RequestId, RouteQuery, WorkerId
 from foretoken.settings import Settings
-from foretoken.wire.records import Grant, Outcome, RouteRequest, RouteResponse, pack_token_ids
+from foretoken.wire.records import Grant, Outcome, as_record
+from foretoken.wire.route_rpc import RouteRequest, RouteResponse, pack_token_ids
 
 log = logging.getLogger(__name__)
 STATE: web.AppKey[RouterState] = web.AppKey("state")
@@ -73,7 +75,8 @@ class RouterState:
     publisher: Publisher
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
     tokenizers: Tokenizers = field(default_factory=Tokenizers)
-    outstanding: dict[str, int] = field(default_factory=dict)
+    # Prompt tokens and requests sent to each engine and not yet answered (the fallback).
+    outstanding: dict[str, Load] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
     # After a route-service failure, decide alone until then (monotonic s): a circuit breaker
     # so that an overloaded route service is not asked again and again at full timeout.
@@ -99,6 +102,16 @@ class RouterState:
         if len(self.attempts) > ATTEMPT_MEMORY:
             self.attempts.popitem(last=False)
 
+    def load_of(self, worker: str) -> Load:
+        return self.outstanding.get(worker, Load())
+
+    def sent(self, worker: str, prompt_tokens: int) -> None:
+        """A request sent to ``worker`` (a negative count: it was answered)."""
+        load = self.load_of(worker)
+        requests = load.requests + (1 if prompt_tokens >= 0 else -1)
+        self.outstanding[worker] = Load(max(0, load.prompt_tokens + prompt_tokens),
+                                        max(0, requests))  # fmt: skip
+
     def models(self) -> set[str]:
         return {e.model for e in self.engines.values()}
 
@@ -120,6 +133,21 @@ class Parsed:
     workload_class: str
     prefer_cache_hit: bool
     conversation_id: str | None
+
+    @property
+    def expected_output_tokens(self) -> int | None:
+        value = self.body.get("max_tokens") or self.body.get("max_completion_tokens")
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    def query(self) -> RouteQuery:
+        """The core's view of the request (for decisions the router makes itself)."""
+        return RouteQuery(
+            request_id=self.request_id, model=self.model, tokens=self.token_ids,
+            prompt_tokens=len(self.token_ids), max_queue_wait_s=self.max_queue_wait_s,
+            already_waited_s=self.already_waited_s, workload_class=self.workload_class,
+            prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
+            expected_output_tokens=self.expected_output_tokens,
+        )  # fmt: skip
 
 
 def _float_or_none(value: Any, name: str) -> float | None:
@@ -244,7 +272,7 @@ async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
         prompt_tokens=len(p.token_ids), max_queue_wait_s=p.max_queue_wait_s,
         already_waited_s=p.already_waited_s, workload_class=p.workload_class,
         prefer_cache_hit=p.prefer_cache_hit, conversation_id=p.conversation_id,
-        expected_output_tokens=_max_tokens(p.body),
+        expected_output_tokens=p.expected_output_tokens,
     )  # fmt: skip
     assert state.session is not None
     cfg = state.settings.router
@@ -272,34 +300,23 @@ async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
     return fallback(state, p)
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    value = body.get("max_tokens") or body.get("max_completion_tokens")
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
 def fallback(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
-    """Least outstanding prompt tokens among the model's workers (documented policy);
-    a 429 only when every worker is past ``fallback_overload_tokens``."""
+    """Least outstanding prompt tokens among the model's workers (the documented policy,
+    :func:`foretoken.core.routing.fallback.least_outstanding`); a 429 only when every
+    worker is past ``fallback_overload_tokens``."""
     cfg = state.settings.router
     candidates = [w for w, e in state.engines.items() if e.model == p.model]
-    worker = least_outstanding(candidates, state.outstanding, cfg.fallback_overload_tokens)
-    now = time.time()
+    worker = least_outstanding(candidates, state.load_of,
+                               overload_tokens=cfg.fallback_overload_tokens)  # fmt: skip
+    query = p.query()
     if worker is None:
-        grant = Grant(
-            request_id=p.request_id, ts=now, model=p.model, workload_class=p.workload_class,
-            prompt_tokens=len(p.token_ids), admitted=False, reject_reason="overloaded",
-            retry_after_s=cfg.fallback_retry_after_s, max_queue_wait_s=p.max_queue_wait_s,
-            already_waited_s=p.already_waited_s, fallback=True,
-            conversation_id=p.conversation_id,
-        )  # fmt: skip
-        return grant, None
-    grant = Grant(
-        request_id=p.request_id, ts=now, model=p.model, workload_class=p.workload_class,
-        prompt_tokens=len(p.token_ids), worker_id=WorkerId(worker), admitted=True,
-        max_queue_wait_s=p.max_queue_wait_s, already_waited_s=p.already_waited_s,
-        fallback=True, conversation_id=p.conversation_id,
-    )  # fmt: skip
-    return grant, state.engines[worker].http_url
+        rejected = decision(query, time.time(), None, admitted=False,
+                            reason=RejectReason.OVERLOADED,
+                            retry_after_s=cfg.fallback_retry_after_s, fallback=True)  # fmt: skip
+        return as_record(Grant, rejected), None
+    admitted = decision(query, time.time(), None, admitted=True, reason=None,
+                        retry_after_s=None, fallback=True, worker_id=WorkerId(worker))  # fmt: skip
+    return as_record(Grant, admitted), state.engines[worker].http_url
 
 
 # ---------------------------------------------------------------------- handlers
@@ -330,7 +347,7 @@ async def complete(request: web.Request, chat: bool) -> web.StreamResponse:
     worker = grant.worker_id
     engine = state.engines.get(worker)
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    state.outstanding[worker] = state.outstanding.get(worker, 0) + len(p.token_ids)
+    state.sent(worker, len(p.token_ids))
     state.metrics.added.observe(time.monotonic() - arrived)
     client: web.StreamResponse | None = None
     if p.stream:
@@ -359,7 +376,7 @@ async def complete(request: web.Request, chat: bool) -> web.StreamResponse:
         _complete_outcome(state, p, worker, engine, arrived, None, status, error)
         raise
     finally:
-        state.outstanding[worker] = max(0, state.outstanding.get(worker, 0) - len(p.token_ids))
+        state.sent(worker, -len(p.token_ids))
     _complete_outcome(state, p, worker, engine, arrived, measured, status, error)
     state.metrics.requests.labels(status).inc()
     if client is not None:

@@ -18,7 +18,8 @@ from aiokafka.errors import KafkaError
 from foretoken.adapters.kafka.producer import LINGER_MS, record_key
 from foretoken.adapters.kafka.readiness import StartupError, wait_for_topics
 from foretoken.settings import Settings
-from foretoken.wire.records import Record, encode
+from foretoken.wire.codec import encode
+from foretoken.wire.records import Record
 
 log = logging.getLogger(__name__)
 RECONNECT_S = 1.0

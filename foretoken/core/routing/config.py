@@ -1,0 +1,48 @@
+"""The route service's own settings (``[predictor]`` in the settings file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _tier_load_costs() -> dict[str, float]:
+    return {"CPU": 2e-6, "DISK": 1e-5, "SHARED": 5e-6}
+
+
+@dataclass(frozen=True, slots=True)
+class PredictorConfig:
+    # A fraction of would-be rejections admitted anyway (flagged explore): false alarms
+    # measured directly.
+    explore_fraction: float = 0.02
+    # Without a bound, a request is rejected when the best worker's queue wait exceeds this.
+    overload_wait_s: float = 120.0
+    # A conversation stays on its worker while that costs at most this much more.
+    stickiness_margin_s: float = 0.5
+    min_retry_after_s: float = 0.5
+    max_retry_after_s: float = 120.0
+    # Output tokens assumed for a request that names no max_tokens.
+    default_output_tokens: int = 128
+    # A request sent to a worker with no outcome for this long leaves its queue model.
+    outstanding_max_age_s: float = 900.0
+    decision_memory: int = 100_000
+    conversation_memory: int = 100_000
+    # Seconds per token to bring an offloaded block back, per tier (configured, not learned).
+    tier_load_s_per_token: dict[str, float] = field(default_factory=_tier_load_costs)
+    # The learner rule stands aside when more than 1/this of a prompt is cached elsewhere.
+    learner_max_cached_share: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.explore_fraction <= 1.0:
+            raise ValueError(f"explore_fraction must be within [0, 1], got {self.explore_fraction}")
+        if not 0 < self.min_retry_after_s <= self.max_retry_after_s:
+            raise ValueError("need 0 < min_retry_after_s <= max_retry_after_s")
+        if self.overload_wait_s <= 0 or self.outstanding_max_age_s <= 0:
+            raise ValueError("overload_wait_s and outstanding_max_age_s must be > 0")
+        if self.default_output_tokens < 1 or self.learner_max_cached_share < 1:
+            raise ValueError("default_output_tokens and learner_max_cached_share must be >= 1")
+        if min(self.decision_memory, self.conversation_memory) < 1:
+            raise ValueError("decision_memory and conversation_memory must be >= 1")
+        bad = {t: v for t, v in self.tier_load_s_per_token.items() if v < 0}
+        if bad or not set(self.tier_load_s_per_token) <= {"CPU", "DISK", "SHARED"}:
+            raise ValueError("tier_load_s_per_token: CPU/DISK/SHARED to seconds >= 0")

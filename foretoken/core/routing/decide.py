@@ -1,0 +1,179 @@
+"""Decisions on top of the predictions (PRODUCT.md §3 "Route service"):
+
+* choice: the lowest predicted TTFT; a conversation stays on its previous worker while that
+  costs at most ``stickiness_margin_s`` more than the best alternative (its history is
+  cached there: moving means a cold prefill elsewhere); a client that prefers cache hits
+  gets the worker with the most cached tokens among those that meet its bound; an idle
+  worker still on the default curve takes the request so that it learns (the *learner*
+  rule);
+* admission: with a bound B (``max_queue_wait_s``), admitted iff already waited + predicted
+  TTFT ≤ B; without a bound, rejected only when even the best worker's predicted queue wait
+  exceeds ``overload_wait_s`` (severe overload);
+* Retry-After: when the best worker's queue will have drained enough for the request to fit
+  its bound (the excess of the predicted wait over what the bound leaves), clamped; none
+  when waiting cannot help (the request's own prefill exceeds its bound);
+* explore: a configured fraction of would-be rejections is admitted anyway and flagged, so
+  that false alarms can be measured directly;
+* latency controls (:mod:`foretoken.core.routing.controls`): when the class is at reroute
+  (or shed) on the chosen worker, the request moves to the best *verified* alternative
+  (healthy for the class, same model, capacity, projected latency within the class's
+  budget), else stays; when the class is still shed there, it is rejected.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+from foretoken.core.cost.registry import FitRegistry
+from foretoken.core.routing.config import PredictorConfig
+from foretoken.core.routing.controls import LatencyControls
+from foretoken.core.routing.fleet import WorkerBook
+from foretoken.core.routing.predict import Candidate
+from foretoken.core.types import (
+    CacheSource,
+    CandidatePrediction,
+    RejectReason,
+    RouteDecision,
+    RouteQuery,
+    WorkerId,
+)
+
+
+class Decider:
+    def __init__(
+        self, config: PredictorConfig, controls: LatencyControls | None, book: WorkerBook,
+        fits: FitRegistry,
+    ) -> None:  # fmt: skip
+        self.config, self.controls, self.book, self.fits = config, controls, book, fits
+        self.rng = random.Random(config.seed)
+        self.conversations: OrderedDict[str, WorkerId] = OrderedDict()
+
+    # ------------------------------------------------------------------ choice
+
+    def choose(self, query: RouteQuery, candidates: list[Candidate]) -> Candidate:
+        def key(c: Candidate) -> tuple[float, int]:
+            return (c.prediction.predicted_ttft_s, c.prediction.queue_tokens_ahead)
+
+        best = min(candidates, key=key)
+        learner = self._learner(query, candidates)
+        if learner is not None:
+            return learner
+        if query.prefer_cache_hit:
+            fits = [c for c in candidates if self.meets(query, c)] or [best]
+            return max(fits, key=lambda c: (c.cached_tokens, -key(c)[0]))
+        conv = query.conversation_id
+        sticky = self.conversations.get(conv) if conv else None
+        if sticky is not None:
+            mine = next((c for c in candidates if c.prediction.worker_id == sticky), None)
+            margin = self.config.stickiness_margin_s
+            if mine is not None and mine.prediction.predicted_ttft_s <= key(best)[0] + margin:
+                return mine
+        return best
+
+    def _learner(self, query: RouteQuery, candidates: list[Candidate]) -> Candidate | None:
+        """An idle worker still on the default curve takes the request (if it meets its
+        bound there): the default is deliberately pessimistic, so without this such a worker
+        would never be chosen and never learn its curve (its first samples are cheap: it is
+        idle, and a prefill sample needs an idle worker). Not when most of the prompt is
+        cached somewhere: throwing a large hit away costs more than the sample is worth."""
+        n = query.prompt_length
+        share = self.config.learner_max_cached_share
+        if any(c.cached_tokens * share > n for c in candidates):
+            return None
+        for c in candidates:
+            wid = c.prediction.worker_id
+            if self.fits.curve(wid).default and self.book.idle(wid) and self.meets(query, c):
+                return c
+        return None
+
+    def remember_conversation(self, query: RouteQuery, wid: WorkerId) -> None:
+        if not query.conversation_id:
+            return
+        self.conversations[query.conversation_id] = wid
+        self.conversations.move_to_end(query.conversation_id)
+        if len(self.conversations) > self.config.conversation_memory:
+            self.conversations.popitem(last=False)
+
+    # ------------------------------------------------------------------ controls
+
+    def controlled(
+        self, query: RouteQuery, best: Candidate, candidates: list[Candidate], now_s: float
+    ) -> tuple[Candidate, bool]:
+        """The latency controls' say: a verified alternative when the class must leave the
+        chosen worker, and whether admission control sheds the request where it lands."""
+        controls = self.controls
+        if controls is None:
+            return best, False
+        name, klass = controls.resolve(query.workload_class)
+        wid = best.prediction.worker_id
+        if controls.avoid(name, wid) or controls.sheds(name, wid, now_s):
+            verified = [
+                c for c in candidates
+                if c.prediction.worker_id != wid
+                and controls.healthy(name, c.prediction.worker_id, now_s)
+                and self.book.has_capacity(c.prediction.worker_id)
+                and c.prediction.queue_wait_s <= klass.queue_budget_s
+                and query.already_waited_s + c.prediction.predicted_ttft_s
+                <= klass.objective_ttft_s - klass.margin_s
+            ]  # fmt: skip
+            if verified:
+                best = min(verified, key=lambda c: c.prediction.predicted_ttft_s)
+        return best, controls.sheds(name, best.prediction.worker_id, now_s)
+
+    # ------------------------------------------------------------------ admission
+
+    def meets(self, query: RouteQuery, c: Candidate) -> bool:
+        if query.max_queue_wait_s is None:
+            return True
+        return query.already_waited_s + c.prediction.predicted_ttft_s <= query.max_queue_wait_s
+
+    def admit(self, query: RouteQuery, best: Candidate) -> tuple[bool, RejectReason]:
+        if query.max_queue_wait_s is not None:
+            if query.already_waited_s + best.prediction.prefill_s > query.max_queue_wait_s:
+                return False, RejectReason.PREFILL_EXCEEDS_BOUND  # waiting cannot help
+            return self.meets(query, best), RejectReason.PREDICTED_TTFT_EXCEEDS_BOUND
+        ok = best.prediction.queue_wait_s <= self.config.overload_wait_s
+        return ok, RejectReason.OVERLOADED
+
+    def retry_after(self, query: RouteQuery, best: Candidate) -> float:
+        p = best.prediction
+        if query.max_queue_wait_s is not None:
+            excess = query.already_waited_s + p.predicted_ttft_s - query.max_queue_wait_s
+        else:
+            excess = p.queue_wait_s - self.config.overload_wait_s
+        wait = min(excess, p.queue_wait_s) if p.queue_wait_s > 0 else excess
+        return min(max(wait, self.config.min_retry_after_s), self.config.max_retry_after_s)
+
+    def explore(self) -> bool:
+        """Whether this would-be rejection is admitted anyway (one draw per rejection)."""
+        return self.rng.random() < self.config.explore_fraction
+
+
+def decision(
+    query: RouteQuery, ts: float, best: Candidate | None, *, admitted: bool,
+    reason: str | None, retry_after_s: float | None, fits: FitRegistry | None = None,
+    explore: bool = False, candidates: tuple[CandidatePrediction, ...] = (),
+    fallback: bool = False, worker_id: WorkerId | None = None,
+) -> RouteDecision:  # fmt: skip
+    """The one builder of a decision (the route service's, and the router's fallback, which
+    names ``worker_id`` without a prediction)."""
+    p = best.prediction if best is not None else None
+    fit = fits.curve(p.worker_id).to_fit_used() if p is not None and fits is not None else None
+    chosen = p.worker_id if p is not None else worker_id
+    return RouteDecision(
+        request_id=query.request_id, ts=ts, model=query.model,
+        workload_class=query.workload_class, prompt_tokens=query.prompt_length,
+        worker_id=chosen if admitted else None, admitted=admitted,
+        reject_reason=None if admitted else reason,
+        retry_after_s=None if retry_after_s is None else round(retry_after_s, 3),
+        predicted_ttft_s=p.predicted_ttft_s if p else None,
+        queue_wait_s=p.queue_wait_s if p else None, prefill_s=p.prefill_s if p else None,
+        cached_tokens=p.cached_tokens if p else 0, cached_tier=p.cached_tier if p else None,
+        approximate_cache=p.approximate_cache if p else False,
+        cache_source=p.cache_source if p else CacheSource.EVENTS,
+        queue_tokens_ahead=p.queue_tokens_ahead if p else 0, fit=fit,
+        max_queue_wait_s=query.max_queue_wait_s, already_waited_s=query.already_waited_s,
+        explore=explore, fallback=fallback, conversation_id=query.conversation_id,
+        candidates=candidates,
+    )  # fmt: skip

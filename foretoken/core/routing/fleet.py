@@ -1,0 +1,79 @@
+"""The route service's book of workers: what each one said about itself (its profile) and
+the queue model of what was sent there (:class:`~foretoken.core.queue.worker_queue.WorkerQueue`).
+
+It also marks, when a request is enqueued, whether it will have run *alone* (no other
+prompt waiting or prefilling there from its send to its first token): such a request's
+TTFT is its prefill time, a sample for the fits (:mod:`foretoken.core.routing.learn`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from foretoken.core.queue.worker_queue import WorkerQueue
+from foretoken.core.types import RequestId, WorkerId, WorkerProfile
+
+
+class WorkerBook:
+    def __init__(self) -> None:
+        self.profiles: dict[WorkerId, WorkerProfile] = {}
+        self.queues: dict[WorkerId, WorkerQueue] = {}
+        self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
+
+    def apply(self, profile: WorkerProfile) -> None:
+        """A registration: a new worker, new scheduler settings, or (``removed``) gone."""
+        wid = profile.worker_id
+        if profile.removed:
+            self.profiles.pop(wid, None)
+            self.queues.pop(wid, None)
+            return
+        self.profiles[wid] = profile
+        queue = self.queues.get(wid)
+        if queue is None:
+            self.queues[wid] = WorkerQueue(profile.scheduler)
+        elif queue.settings != profile.scheduler:
+            queue.set_settings(profile.scheduler)
+
+    def of_model(self, model: str) -> Iterator[WorkerProfile]:
+        return (p for p in self.profiles.values() if p.model == model)
+
+    def serves(self, model: str) -> bool:
+        return any(True for _ in self.of_model(model))
+
+    def idle(self, wid: WorkerId) -> bool:
+        """Nothing waiting or prefilling there (requests only decoding are allowed)."""
+        return all(o.first_token_s is not None for o in self.queues[wid].outstanding())
+
+    def has_capacity(self, wid: WorkerId) -> bool:
+        """Room for one more running sequence (what the engine will let in)."""
+        queue = self.queues.get(wid)
+        profile = self.profiles.get(wid)
+        if queue is None or profile is None:
+            return False
+        return queue.outstanding_count < profile.scheduler.max_num_seqs
+
+    def enqueue(
+        self, wid: WorkerId, rid: RequestId, sent_s: float, n: int, cached: int, expected: int
+    ) -> None:
+        """A request sent there (idempotent by request id). "Alone" for a prefill sample: no
+        other prompt waiting or prefilling when it was sent, and none sent before its first
+        token. Requests only decoding are allowed: under steady load a worker is rarely
+        empty, and a decode adds milliseconds per step to a prefill of hundreds or more."""
+        queue = self.queues.get(wid)
+        if queue is None:
+            return
+        was_idle = self.idle(wid)
+        if queue.add(rid, sent_s, n, cached, expected):
+            for other in queue.outstanding():
+                if other.request_id != rid and other.first_token_s is None:
+                    self.alone[other.request_id] = False
+            self.alone[rid] = was_idle
+
+    def expire(self, now_s: float, max_age_s: float) -> list[RequestId]:
+        """Requests whose outcome never came, forgotten by every queue."""
+        gone: list[RequestId] = []
+        for queue in self.queues.values():
+            for rid in queue.expire(now_s, max_age_s):
+                self.alone.pop(rid, None)
+                gone.append(rid)
+        return gone

@@ -1,0 +1,141 @@
+"""Learning from what the pipeline observes — outcomes and graded requests — never from a
+simulator's truth (PRODUCT.md §1 "How fast the worker prefills"):
+
+* **cold samples** (:meth:`Learner.on_graded`): a request that ran alone on its worker with
+  known reuse is a prefill sample, ``TTFT ≈ C(N) − C(cached)``;
+* **busy-period samples** (:meth:`Learner.on_first_token`): a worker never idle from a cold
+  start would never give one, so a second, bootstrap fit takes the gap between the worker's
+  previous first token and this one, for a request queued there since before it;
+* **decode samples** (:meth:`Learner.on_completion`): time per output token against the
+  number of sequences running, for the step-cost fit;
+* **approximate cache credit**: a prompt routed to a worker without KV events is filed as
+  cached there once its prefill is done (:mod:`foretoken.core.index.approx`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from foretoken.core.cost.registry import FitRegistry
+from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
+from foretoken.core.index.protocol import Index
+from foretoken.core.queue.worker_queue import WorkerQueue
+from foretoken.core.routing.config import PredictorConfig
+from foretoken.core.routing.fleet import WorkerBook
+from foretoken.core.types import GradedRequest, RequestId, RequestOutcome, WorkerId
+
+
+class Learner:
+    def __init__(
+        self, index: Index, fits: FitRegistry, book: WorkerBook, config: PredictorConfig
+    ) -> None:
+        self.index, self.fits, self.book, self.config = index, fits, book, config
+        # busy-period samples: when each worker last finished a prefill (a first token) or,
+        # on an engine that runs one sequence at a time, a whole request
+        self.busy_mark_s: dict[WorkerId, float] = {}
+        # Approximate mode: own hashes of prompts sent to workers without KV events, filed
+        # in the index as cached there once their first token arrives.
+        self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
+
+    def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
+        self._observe_served(outcome, now_s)
+        queue = self.book.queues.get(outcome.worker_id)
+        if queue is None:
+            return
+        # The router's clock says when things happened; our consumption lags behind it.
+        if outcome.kind == "first_token" and outcome.status == "ok":
+            self._observe_busy(queue, outcome, now_s)
+            queue.first_token(outcome.request_id, outcome.ts)
+            return
+        self.on_completion(queue, outcome, now_s)
+
+    def on_completion(self, queue: WorkerQueue, outcome: RequestOutcome, now_s: float) -> None:
+        profile = self.book.profiles.get(outcome.worker_id)
+        if profile is not None and profile.scheduler.max_num_seqs == 1:
+            self._mark_busy(outcome.worker_id, outcome.ts)  # the next prompt starts after it
+        queue.finished(outcome.request_id, outcome.ts)
+        tpot = None
+        if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
+            tpot = time_per_output_token_s(
+                outcome.e2e_s, outcome.actual_ttft_s, outcome.output_tokens or 0
+            )
+        if tpot is not None and profile is not None:
+            running = max(1.0, float(queue.running_count) + 1.0)
+            self.fits.observe_decode(outcome.worker_id, profile.config_hash, tpot, running, now_s)
+
+    def on_graded(self, graded: GradedRequest, now_s: float) -> bool:
+        """Feed the fit with a cold sample; True if this record was one."""
+        wid = graded.worker_id
+        alone = self.book.alone.pop(graded.request_id, False)
+        if wid is None or wid not in self.book.profiles:
+            return False
+        profile = self.book.profiles[wid]
+        # The router turns an omitted cached-token field into 0 for engines that report it,
+        # so "unknown" here really is unknown: such requests are not samples.
+        cached = prefill_sample_cached(graded, others_running=not alone)
+        if cached is None:
+            return False
+        assert graded.actual_ttft_s is not None
+        self.fits.observe_cold(wid, profile.config_hash, graded.prompt_tokens,
+                               graded.actual_ttft_s, now_s, cached)  # fmt: skip
+        return True
+
+    def remember_prompt(
+        self, rid: RequestId, tokens: Sequence[int] | np.ndarray, wid: WorkerId
+    ) -> None:
+        """A prompt sent to a worker without KV events: its own hashes, for when it is
+        served (the lookup already hashed it, but per block size of the space it hit)."""
+        profile = self.book.profiles[wid]
+        if profile.has_kv_events or not len(tokens):
+            return
+        owns = self.index.hash_prompt(profile.model, profile.block_size, tokens).tolist()
+        self.served_prompts[rid] = (wid, owns)
+        if len(self.served_prompts) > self.config.decision_memory:
+            self.served_prompts.popitem(last=False)
+
+    def forget(self, rid: RequestId) -> None:
+        self.served_prompts.pop(rid, None)
+
+    def _observe_served(self, outcome: RequestOutcome, now_s: float) -> None:
+        """A prompt routed to a worker without KV events is cached there once its prefill
+        is done: at its first token (or its completion, if the first token was lost)."""
+        sent = self.served_prompts.get(outcome.request_id)
+        if sent is None:
+            return
+        if outcome.kind == "completion" or outcome.status == "ok":
+            del self.served_prompts[outcome.request_id]
+        wid, hashes = sent
+        prefilled = outcome.actual_ttft_s is not None and outcome.status != "error"
+        if prefilled and wid == outcome.worker_id:
+            self.index.observe_served(wid, hashes, now_s)
+
+    def _observe_busy(self, queue: WorkerQueue, outcome: RequestOutcome, now_s: float) -> None:
+        """A busy-period prefill sample (``FitRegistry.observe_busy``): the gap between the
+        worker's previous first token (on an engine that runs one sequence at a time: the
+        previous completion, as it decodes before the next prompt starts) and this one, for
+        a request queued there since before it — the engine never paused, and for a prompt
+        of at least a step's budget (any prompt on a serial engine) its own prefill is most
+        of the gap."""
+        wid = outcome.worker_id
+        prev = self.busy_mark_s.get(wid)
+        self._mark_busy(wid, outcome.ts)
+        entry = queue.get(outcome.request_id)
+        profile = self.book.profiles.get(wid)
+        if entry is None or profile is None or prev is None or entry.first_token_s is not None:
+            return
+        if not entry.sent_at_s < prev < outcome.ts:
+            return
+        scheduler = profile.scheduler
+        fresh = entry.prompt_tokens - entry.cached_tokens
+        if scheduler.chunked_prefill and fresh < scheduler.max_num_batched_tokens:
+            return  # smaller prompts share steps: the gap is not theirs alone
+        self.fits.observe_busy(wid, profile.config_hash, entry.prompt_tokens, outcome.ts - prev,
+                               now_s, entry.cached_tokens)  # fmt: skip
+
+    def _mark_busy(self, wid: WorkerId, ts: float) -> None:
+        if ts > self.busy_mark_s.get(wid, -math.inf):
+            self.busy_mark_s[wid] = ts
