@@ -48,27 +48,33 @@ import math
 import os
 import platform
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from foretoken.core.types import RequestId, WorkerId
+from foretoken.bench.baselines import (
+    MIN_PROMPT_TOKENS,
+    SEED,
+    BaselineFit,
+    ShadowBaselines,
+    _alone_and_ahead,
+    _Served,
+    fit_baselines,
+    warm_started_replica,
+)
+from foretoken.core.types import RequestId
 from foretoken.sim.policy import (
-    Arrival,
-    Decision,
     FleetLedger,
-    FleetView,
-    RoutingPolicy,
     make_policy,
 )
 from foretoken.sim.predictor_policy import PredictorPolicy
-from foretoken.sim.replay import EPOCH_BASE_TS, capacity_speedup, replay, summary
+from foretoken.sim.replay import capacity_speedup, replay, summary
 from foretoken.sim.spec import FleetSpec, load_fleet
 from foretoken.sim.traces import BoundMix, TraceRequest, load_mooncake
-from foretoken.wire.records import Graded, KvEvent
+from foretoken.wire.records import Graded
 
 FLEET = "hetero"
 LOADS = (0.8, 1.0, 1.3)
@@ -87,8 +93,6 @@ QUICK_PROFILE_REQUESTS = 160
 PROFILE_GAP_S = 2.0  # round-robin over 8 workers: one request per worker every 16 s
 PROFILE_MAX_OUTPUT = 32
 PROFILE_KEY_BASE = 1 << 50  # segment keys no trace request uses
-MIN_PROMPT_TOKENS = 128  # as the live fit: below this fixed latency dominates
-MIN_WORKER_SAMPLES = 4  # fewer alone requests on a worker: its baselines use the pooled fit
 WITHIN_S = (1.0, 10.0)
 PERCENTILES = (50.0, 95.0, 99.0)
 # Bins of predicted TTFT (s) for the conditional false-alarm estimate.
@@ -98,191 +102,6 @@ CALIBRATION_REQUESTS = 3000
 CALIBRATION_RANGE = (0.2, 1.0)
 CALIBRATION_P95_S = 10.0
 MAX_PROCESSES = 4
-SEED = 0
-
-
-# ---------------------------------------------------------------------------- baselines
-
-
-@dataclass(frozen=True, slots=True)
-class BaselineFit:
-    """One worker's offline baseline parameters (seconds, tokens)."""
-
-    poly: tuple[float, float, float]  # P(N, K) = c0 + c1·(N−K) + c2·(N²−K²)
-    linear: tuple[float, float]  # c0, seconds per uncached token (1 / rate)
-    per_request_s: float  # k
-    alone_samples: int
-    pooled: bool = False
-
-    def prefill_s(self, n: int, k: int) -> float:
-        c0, c1, c2 = self.poly
-        return max(c0 + c1 * (n - k) + c2 * (n * n - k * k), 0.0)
-
-
-def _lstsq(columns: Sequence[np.ndarray], y: np.ndarray) -> tuple[float, ...]:
-    """Least squares with columns scaled to max 1 (N² spans ten decades)."""
-    scale = np.array([max(float(np.max(np.abs(c))), 1e-30) for c in columns])
-    matrix = np.stack([c / s for c, s in zip(columns, scale, strict=True)], axis=1)
-    theta, *_ = np.linalg.lstsq(matrix, y, rcond=None)
-    return tuple(float(t) for t in theta / scale)
-
-
-@dataclass(frozen=True, slots=True)
-class _Served:
-    """The served requests of a replay as columns (arrival in virtual seconds)."""
-
-    worker: np.ndarray
-    arrival_s: np.ndarray
-    ttft_s: np.ndarray
-    e2e_s: np.ndarray
-    prompt: np.ndarray
-    cached: np.ndarray
-
-    @classmethod
-    def of(cls, records: Iterable[Graded]) -> _Served:
-        rows = [r for r in records if r.status == "served" and r.actual_ttft_s is not None]
-        return cls(
-            np.array([r.worker_id for r in rows]),
-            np.array([r.ts - EPOCH_BASE_TS for r in rows]),
-            np.array([r.actual_ttft_s for r in rows], dtype=float),
-            np.array([r.e2e_s or 0.0 for r in rows]),
-            np.array([r.prompt_tokens for r in rows], dtype=float),
-            np.array([r.engine_cached_tokens or 0 for r in rows], dtype=float),
-        )
-
-
-def _alone_and_ahead(arrival: np.ndarray, ttft: np.ndarray, e2e: np.ndarray) -> tuple[Any, Any]:
-    """Per request of one worker: whether nothing else ran there between its arrival and
-    its first token, and how many requests sent before it still awaited a first token."""
-    start, first = arrival[:, None], (arrival + ttft)[:, None]
-    others = ~np.eye(len(arrival), dtype=bool)
-    overlap = (arrival[None, :] < first) & ((arrival + e2e)[None, :] > start) & others
-    ahead = (arrival[None, :] < start) & ((arrival + ttft)[None, :] > start) & others
-    return ~overlap.any(axis=1), ahead.sum(axis=1)
-
-
-def fit_baselines(records: Sequence[Graded], workers: Sequence[WorkerId]) -> dict[str, Any]:
-    """Per worker :class:`BaselineFit` from a profiling replay's records."""
-    served = _Served.of(records)
-    per_worker: dict[str, tuple[np.ndarray, ...]] = {}
-    pooled: list[tuple[np.ndarray, ...]] = []
-    for worker in workers:
-        mine = served.worker == worker
-        alone, ahead = _alone_and_ahead(
-            served.arrival_s[mine], served.ttft_s[mine], served.e2e_s[mine]
-        )
-        use = alone & (served.prompt[mine] >= MIN_PROMPT_TOKENS)
-        cols = (
-            served.prompt[mine][use],
-            served.cached[mine][use],
-            served.ttft_s[mine][use],
-            served.ttft_s[mine],
-            ahead + 1.0,
-        )
-        per_worker[worker] = cols
-        pooled.append(cols)
-    everyone = tuple(np.concatenate([c[i] for c in pooled]) for i in range(5))
-    fits = {w: _fit_one(cols, everyone) for w, cols in per_worker.items()}
-    cold = {
-        w: [(int(n), float(y)) for n, k, y in zip(c[0], c[1], c[2], strict=True) if k == 0]
-        for w, c in per_worker.items()
-    }
-    return {"fits": fits, "cold_samples": cold, "profile_served": len(served.ttft_s)}
-
-
-def _fit_one(cols: tuple[np.ndarray, ...], everyone: tuple[np.ndarray, ...]) -> BaselineFit:
-    n, k, y, all_y, load = cols
-    pooled = len(y) < MIN_WORKER_SAMPLES
-    if pooled:
-        n, k, y = everyone[0], everyone[1], everyone[2]
-    u, v = n - k, n * n - k * k
-    ones = np.ones_like(u)
-    poly = _lstsq((ones, u, v), y)
-    linear = _lstsq((ones, u), y)
-    per_request = float(np.dot(all_y, load) / np.dot(load, load)) if len(load) else 0.0
-    return BaselineFit(
-        (poly[0], poly[1], poly[2]), (linear[0], linear[1]), per_request, len(cols[2]), pooled
-    )
-
-
-@dataclass(slots=True)
-class _Ahead:
-    prefill_s: float
-    uncached: int
-
-
-def warm_started_replica(fleet: FleetSpec, cold: dict[str, list[tuple[int, float]]]) -> Any:
-    """A read replica of the predictor whose fits start from the profile's cold samples
-    (through the fit registry's own ``observe_cold``), then keep learning online."""
-    replica = PredictorPolicy.for_fleet(fleet, seed=SEED)
-    for worker, samples in cold.items():
-        config_hash = replica.core.directory[WorkerId(worker)].config_hash
-        for n, ttft_s in samples:
-            replica.service.fits.observe_cold(WorkerId(worker), config_hash, n, ttft_s, 0.0)
-    return replica
-
-
-class ShadowBaselines:
-    """Routes with ``inner``; at each admission the baselines predict the request's TTFT on
-    the chosen worker from the requests sent there without a first token yet. With a
-    ``replica`` (a :class:`PredictorPolicy` that does not route), it predicts for the same
-    worker, then follows the decision through its ``grants`` path, as a read replica."""
-
-    def __init__(self, inner: RoutingPolicy, fits: dict[str, BaselineFit],
-                 replica: PredictorPolicy | None = None) -> None:  # fmt: skip
-        self.inner, self.fits, self.replica = inner, fits, replica
-        self.name = inner.name
-        self.kv_events = inner.kv_events
-        self.awaiting: dict[WorkerId, dict[RequestId, _Ahead]] = {}
-        self.predictions: dict[RequestId, tuple[float, ...]] = {}
-
-    def decide(self, request: Arrival, fleet: FleetView) -> Decision:
-        decision = self.inner.decide(request, fleet)
-        worker = decision.worker_id
-        if worker is None:
-            return decision
-        n = request.prompt_tokens
-        k = min(decision.cached_tokens or 0, max(n - 1, 0))
-        fit = self.fits[worker]
-        ahead = self.awaiting.setdefault(worker, {})
-        own = _Ahead(fit.prefill_s(n, k), n - k)
-        queued_s = sum(a.prefill_s for a in ahead.values())
-        queued_tokens = sum(a.uncached for a in ahead.values())
-        c0, per_token = fit.linear
-        predicted: tuple[float, ...] = (
-            queued_s + own.prefill_s,
-            max(c0 + per_token * (queued_tokens + own.uncached), 0.0),
-            fit.per_request_s * (len(ahead) + 1),
-        )
-        ahead[request.request_id] = own
-        if self.replica is not None:
-            mine = self.replica.predict_on(request, worker)
-            predicted += (math.nan if mine is None else mine.predicted_ttft_s,)
-            self.replica.on_grant(decision.grant(request, request.arrival_s), request.arrival_s)
-        self.predictions[request.request_id] = predicted
-        return decision
-
-    def _done(self, request_id: RequestId, worker_id: WorkerId) -> None:
-        self.awaiting.get(worker_id, {}).pop(request_id, None)
-
-    def _others(self) -> list[RoutingPolicy]:
-        return [self.inner] if self.replica is None else [self.inner, self.replica]
-
-    def on_kv_events(self, worker_id: WorkerId, events: Sequence[KvEvent], t_s: float) -> None:
-        for policy in self._others():
-            policy.on_kv_events(worker_id, events, t_s)
-
-    def on_first_token(self, request_id: RequestId, worker_id: WorkerId, ttft_s: float,
-                       engine_cached_tokens: int | None, t_s: float) -> None:  # fmt: skip
-        self._done(request_id, worker_id)
-        for policy in self._others():
-            policy.on_first_token(request_id, worker_id, ttft_s, engine_cached_tokens, t_s)
-
-    def on_finished(self, request_id: RequestId, worker_id: WorkerId, output_tokens: int,
-                    e2e_s: float, t_s: float, error: str | None = None) -> None:  # fmt: skip
-        self._done(request_id, worker_id)
-        for policy in self._others():
-            policy.on_finished(request_id, worker_id, output_tokens, e2e_s, t_s, error)
 
 
 # ---------------------------------------------------------------------------- grades

@@ -396,15 +396,14 @@ def test_a_redelivered_record_counts_once(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert metrics(at)["Within 1 s"] == once["Within 1 s"]
 
 
-@pytest.mark.parametrize("views", [True, False], ids=["grading-views", "fallback"])
-def test_both_lake_readers_keep_the_latest_row_per_request(tmp_path: Path, views: bool) -> None:
+def test_the_lake_reader_keeps_the_latest_row_per_request(tmp_path: Path) -> None:
     from foretoken.adapters.dashboard.data import open_lake
 
     records = synthetic_records(200, predictions=True)
     write_lake(records, tmp_path)
     write_lake([msgspec.structs.replace(r, prompt_tokens=7) for r in records[:50]], tmp_path)
     want = frame(tmp_path).with_row_index().sort("index").unique("request_id", keep="last")
-    con = open_lake(tmp_path, views=views)
+    con = open_lake(tmp_path)
     got = con.sql("SELECT request_id, prompt_tokens FROM graded ORDER BY request_id").pl()
     assert got.rows() == want.select("request_id", "prompt_tokens").sort("request_id").rows()
     assert got.filter(pl.col("prompt_tokens") == 7).height == 50

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from foretoken.adapters.engines.decoders import (
     DecodedBatch,
-    SeqTracker,
     decode_sglang_frames,
     decode_vllm_frames,
     replay_request_frames,
     split_replay_reply,
 )
+from foretoken.adapters.engines.sequence import SeqTracker
 from foretoken.core.types import ModelName, WorkerId
 from foretoken.wire.codec import DecodeError
 from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored

@@ -2,12 +2,8 @@
 connection on a grading lake (``LAKE/graded/hour=…/part-*.parquet``).
 
 The connection comes from :func:`open_lake`: the project's SQL views
-(``foretoken.adapters.lake.views.connect``) when that module is importable, otherwise a small
-in-memory
-DuckDB with one view ``graded`` over ``read_parquet(…, hive_partitioning = true)`` that
-keeps the latest written row per request id (``foretoken.adapters.lake.writer``'s read-side
-dedupe); a
-lake with no files yet gets an empty, typed ``graded`` table instead. Every query reads
+(:func:`foretoken.adapters.lake.views.connect`, one row per request id, the latest written);
+a lake with no files yet gets an empty, typed ``graded`` table instead. Every query reads
 only ``graded`` and takes its filters as ``?`` parameters — the SQL text is fixed, never
 built from user input. Each query runs on its own cursor, so one connection serves every
 Streamlit session (each runs in its own thread).
@@ -25,6 +21,7 @@ from typing import Any, Final
 import duckdb
 import polars as pl
 
+from foretoken.adapters.lake.views import connect
 from foretoken.adapters.lake.writer import HOUR_PARTITION, LAKE_TABLE, PART_GLOB, graded_frame
 from foretoken.core.cost.fit import MIN_COLD_PROMPT_TOKENS
 
@@ -45,35 +42,13 @@ def lake_files(lake_dir: str | Path) -> list[Path]:
     return sorted((Path(lake_dir) / LAKE_TABLE).glob(PARQUET_GLOB))
 
 
-def open_lake(lake_dir: str | Path, *, views: bool = True) -> duckdb.DuckDBPyConnection:
-    """A connection whose ``graded`` view (or table) holds the lake's records; ``views``:
-    the project's views when importable (else, or when False, the fallback)."""
+def open_lake(lake_dir: str | Path) -> duckdb.DuckDBPyConnection:
+    """A connection whose ``graded`` view holds the lake's records (the grading views of
+    :mod:`foretoken.adapters.lake.views`: one row per request id, the latest written), or an
+    empty typed ``graded`` table when the lake has no files yet."""
     if not lake_files(lake_dir):
         return _empty_lake()
-    try:
-        from foretoken.adapters.lake.views import connect  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        views = False
-    if not views:
-        return _parquet_view(lake_dir)
-    con: duckdb.DuckDBPyConnection = connect(lake_dir)
-    try:  # the queries run on cursors: the view must be visible to them
-        with con.cursor() as cur:
-            cur.execute("SELECT count(*) FROM graded").fetchall()
-    except duckdb.Error:
-        return _parquet_view(lake_dir)
-    return con
-
-
-def _parquet_view(lake_dir: str | Path) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(":memory:")
-    pattern = str(Path(lake_dir).resolve() / LAKE_TABLE / PARQUET_GLOB).replace("'", "''")
-    con.execute(  # DDL cannot take parameters; the path is the operator's, quoted above
-        "CREATE VIEW graded AS SELECT * EXCLUDE (filename) FROM read_parquet("
-        f"'{pattern}', hive_partitioning = true, union_by_name = true, filename = true)"
-        " QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY filename DESC) = 1"
-    )
-    return con
+    return connect(lake_dir)
 
 
 def _empty_lake() -> duckdb.DuckDBPyConnection:

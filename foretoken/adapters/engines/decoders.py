@@ -94,7 +94,6 @@ from foretoken.wire.records import (
 )
 
 Engine = Literal["vllm", "sglang"]
-SeqVerdict = Literal["ok", "duplicate", "gap", "restart"]
 
 SEQ_BYTES: Final = 8
 REPLAY_END_SEQ: Final = (-1).to_bytes(SEQ_BYTES, "big", signed=True)
@@ -103,8 +102,6 @@ TAG_REMOVED: Final = "BlockRemoved"
 TAG_CLEARED: Final = "AllBlocksCleared"
 # Tokens are vocabulary ids; SGLang hashes them as 4-byte unsigned ints.
 MAX_TOKEN_ID: Final = (1 << 32) - 1
-# vLLM's default replay buffer (``buffer_steps``): a seq further back than this is a restart.
-DEFAULT_RESTART_WINDOW: Final = 10_000
 
 _TIER_GROUPS: Final[dict[Tier, tuple[str, ...]]] = {
     "GPU": ("GPU", "DEVICE"),
@@ -496,108 +493,3 @@ def _canonical(entry: Any) -> str:
         return msgspec.json.encode(entry).decode()
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise DecodeError(f"extra_keys entry cannot be represented: {exc}") from exc
-
-
-# --------------------------------------------------------------------------- sequence
-
-
-@dataclass(frozen=True, slots=True)
-class SeqDecision:
-    """What to do with one batch, by its sequence number.
-
-    ``ok``: apply it. ``duplicate``: already applied (or older): drop it. ``gap``: batches
-    ``missing`` = [start, stop) were not seen: repair them through replay (they then arrive
-    as ``ok``, this batch included) or accept the loss with :meth:`SeqTracker.force`; this
-    batch is not applied yet. ``restart``: the engine restarted: reset that worker's index
-    first; apply the batch when ``missing`` is None, else repair or force as for a gap.
-    """
-
-    verdict: SeqVerdict
-    seq: int
-    expected: int | None
-    missing: tuple[int, int] | None = None
-
-    @property
-    def apply(self) -> bool:
-        return self.missing is None and self.verdict in ("ok", "restart")
-
-    @property
-    def reset_index(self) -> bool:
-        return self.verdict == "restart"
-
-
-@dataclass(slots=True)
-class SeqCounters:
-    ok: int = 0
-    duplicates: int = 0
-    gaps: int = 0
-    restarts: int = 0
-    forced: int = 0
-    lost_batches: int = 0
-
-
-class SeqTracker:
-    """Per-worker sequence tracking for engine batches (pure, no I/O).
-
-    A worker seen for the first time at seq 0 is ``ok``; at seq N > 0 it is a ``gap`` of
-    [0, N). A known worker: ``expected`` is ``ok``; higher is a ``gap``; lower by at most
-    ``restart_window`` is a ``duplicate``; 0, or further back than the window, is a
-    ``restart`` (a PUB socket never repeats a message and replays are asked from the next
-    expected seq, so a 0 from a known worker means a new process). A restart whose first
-    batch we saw at N > 0 is indistinguishable from a gap when N is above the last seq.
-    """
-
-    def __init__(self, restart_window: int = DEFAULT_RESTART_WINDOW) -> None:
-        if restart_window < 1:
-            raise ValueError(f"restart_window must be >= 1, got {restart_window}")
-        self.restart_window = restart_window
-        self.counters = SeqCounters()
-        self._expected: dict[WorkerId, int] = {}
-
-    def expected(self, worker_id: WorkerId) -> int | None:
-        return self._expected.get(worker_id)
-
-    def observe(self, worker_id: WorkerId, seq: int) -> SeqDecision:
-        if seq < 0:
-            raise ValueError(f"seq must be >= 0, got {seq}")
-        expected = self._expected.get(worker_id)
-        if expected is None:
-            if seq == 0:
-                return self._accept(worker_id, seq, None)
-            self.counters.gaps += 1
-            self._expected[worker_id] = 0
-            return SeqDecision("gap", seq, None, (0, seq))
-        if seq == expected:
-            return self._accept(worker_id, seq, expected)
-        if seq > expected:
-            self.counters.gaps += 1
-            return SeqDecision("gap", seq, expected, (expected, seq))
-        last = expected - 1
-        if seq == 0 or last - seq > self.restart_window:
-            self.counters.restarts += 1
-            self._expected[worker_id] = 0 if seq else 1
-            return SeqDecision("restart", seq, expected, (0, seq) if seq else None)
-        self.counters.duplicates += 1
-        return SeqDecision("duplicate", seq, expected)
-
-    def force(self, worker_id: WorkerId, seq: int) -> None:
-        """Give up on repairing: the caller applies batch ``seq`` and continues after it."""
-        expected = self._expected.get(worker_id, 0)
-        self.counters.forced += 1
-        self.counters.lost_batches += max(0, seq - expected)
-        self._expected[worker_id] = seq + 1
-
-    def forget(self, worker_id: WorkerId) -> None:
-        self._expected.pop(worker_id, None)
-
-    def snapshot(self) -> dict[str, int]:
-        """The next expected seq per worker (counters are metrics, not state)."""
-        return {str(worker): seq for worker, seq in self._expected.items()}
-
-    def restore(self, state: Mapping[str, int]) -> None:
-        self._expected = {WorkerId(k): int(v) for k, v in state.items()}
-
-    def _accept(self, worker_id: WorkerId, seq: int, expected: int | None) -> SeqDecision:
-        self.counters.ok += 1
-        self._expected[worker_id] = seq + 1
-        return SeqDecision("ok", seq, expected)

@@ -26,13 +26,13 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from foretoken.adapters.engines.decoders import (
     DecodedBatch,
-    SeqTracker,
     decode_engine_frames,
     decode_engine_payload,
     replay_request_frames,
     split_replay_reply,
 )
 from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.adapters.engines.sequence import SeqTracker
 from foretoken.adapters.kafka.producer import RecordProducer
 from foretoken.adapters.kafka.readiness import StartupError, wait_for_topics
 from foretoken.core.types import ModelName, WorkerId

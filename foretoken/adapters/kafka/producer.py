@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from aiokafka import AIOKafkaProducer
 
 from foretoken.settings import Settings
@@ -53,11 +51,6 @@ class RecordProducer:
     async def send_raw(self, logical: str, value: bytes, key: bytes | None = None) -> None:
         """Bytes as they are (tests and the demo use it to show dead-lettering)."""
         await self._producer.send(self.settings.topic(logical), value=value, key=key)
-
-    async def send_all(self, items: Iterable[tuple[str, Record]]) -> None:
-        for logical, record in items:
-            await self.send(logical, record)
-        await self._producer.flush()
 
     async def flush(self) -> None:
         await self._producer.flush()

@@ -66,7 +66,6 @@ from typing import Final
 
 import msgspec
 import polars as pl
-import pyarrow as pa
 
 from foretoken.core.types import GradedRequest
 from foretoken.wire.records import Graded, as_record
@@ -117,11 +116,6 @@ def graded_schema() -> dict[str, pl.DataType]:
     assert isinstance(info, msgspec.inspect.StructType)
     columns = {f.name: _polars_type(f.type) for f in info.fields}
     return {"schema_version": columns.pop("schema_version"), **columns}
-
-
-def graded_arrow_schema() -> pa.Schema:
-    """:func:`graded_schema` as Arrow (what the Parquet files hold)."""
-    return pl.DataFrame(schema=graded_schema()).to_arrow().schema
 
 
 def graded_frame(records: Sequence[GradedRequest]) -> pl.DataFrame:

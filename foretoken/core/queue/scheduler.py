@@ -238,12 +238,6 @@ class _Scheduler:
             return uncached
         return min(uncached, self.cap or self.budget, self.budget)
 
-    def start_running(self, seq: _Seq) -> None:
-        seq.order = self.next_order
-        self.next_order += 1
-        seq.where = _PREFILLING
-        self.prefilling.append(seq)
-
     def start_decoding(self, seq: _Seq, tokens_left: int) -> None:
         index = bisect_left(self.dec_orders, seq.order)
         self.dec_orders.insert(index, seq.order)

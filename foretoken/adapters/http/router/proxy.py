@@ -8,7 +8,6 @@ the chunks assembled into one OpenAI answer.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -147,7 +146,3 @@ def assembled(measured: Measured, model: str, request_id: str, chat: bool) -> di
         "choices": [choice],
         "usage": usage,
     }
-
-
-def is_disconnect(exc: BaseException) -> bool:
-    return isinstance(exc, ConnectionResetError | asyncio.CancelledError)

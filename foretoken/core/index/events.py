@@ -1,0 +1,290 @@
+"""How each KV event changes the index (used by :class:`~foretoken.core.index.prefix.PrefixIndex`).
+
+Functions over one worker's state (:class:`~foretoken.core.index.state.Worker`, whose space
+holds the per-tier mask tables). The per-block work runs in C loops: ``map`` over
+``dict.setdefault`` (stores: one pass per map, the entries it inserted are the table's last
+ones) and ``dict.pop`` (removals: pop optimistically, put back if anything is unusual).
+Python-level loops only run for the rare cases: duplicate copies, re-mapped engine hashes,
+removals of blocks that are absent, copied, or unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import islice, repeat
+from typing import cast
+
+from foretoken.core.index import content_hash
+from foretoken.core.index.state import ApplyStats, Worker, tier_index
+from foretoken.core.types import BlockRemoved, BlockStored
+
+ENGINE_KEY_MASK = content_hash.HASH_MASK
+
+
+def engine_keys(hashes: Sequence[int]) -> list[int]:
+    """Engine hashes as map keys: the low 60 bits (two-digit ints, 32 bytes instead of 48;
+    two blocks of one worker collide with odds ~1e-7 at a million blocks)."""
+    return list(map(ENGINE_KEY_MASK.__and__, hashes))
+
+
+def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -> None:
+    if not event.full_attention:
+        worker.nonfull_groups.add(event.group_idx)
+        stats.ignored_blocks += len(event.block_hashes)
+        return
+    hashes = engine_keys(event.block_hashes)
+    tier = tier_index(event.medium)
+    if not event.token_ids:
+        move(worker, hashes, tier, now_s, stats)
+        return
+    if event.block_size != worker.block_size:
+        stats.block_size_mismatch_blocks += len(hashes)
+        return
+    seed = None
+    parent = event.parent_block_hash
+    if parent is not None:
+        seed = worker.emap.get(parent & ENGINE_KEY_MASK)
+        if seed is None:
+            stats.unknown_parents += 1
+    if seed is None:
+        seed = worker.space.seed(event.lora_name)
+    owns = content_hash.chain(seed, event.token_ids, worker.block_size, event.extra_keys)
+    if len(owns) != len(hashes):
+        stats.malformed_blocks += abs(len(hashes) - len(owns))
+        hashes = hashes[: len(owns)]
+        owns = owns[: len(hashes)]
+    add(worker, hashes, owns, tier, now_s, stats)
+
+
+def move(worker: Worker, hashes: Sequence[int], tier: int, now_s: float, stats: ApplyStats) -> None:
+    """A store without token ids (offload connectors): the block moved or copied tiers."""
+    found = list(map(worker.emap.get, hashes))
+    if None in found:
+        pairs = [(e, o) for e, o in zip(hashes, found, strict=True) if o is not None]
+        stats.unknown_moves += len(found) - len(pairs)
+        hashes = [e for e, _ in pairs]
+        found = [o for _, o in pairs]
+    add(worker, hashes, cast(list[int], found), tier, now_s, stats)
+
+
+def add(
+    worker: Worker,
+    hashes: Sequence[int],
+    owns: list[int],
+    tier: int,
+    now_s: float,
+    stats: ApplyStats,
+) -> None:
+    """File stored blocks: engine map, then this worker's bit in the tier's table."""
+    olds = list(map(worker.emap.setdefault, hashes, owns))
+    if olds != owns:
+        remap(worker, hashes, owns, olds, stats)
+    worker.tiers.add(tier)
+    table = worker.space.masks[tier][worker.word]
+    stats.stored_blocks += len(owns)
+    before = len(table)
+    masks = list(map(table.setdefault, owns, repeat(worker.bit)))
+    added = len(table) - before
+    worker.counts[tier] += added
+    if added != len(owns):  # some blocks were known: other holders, or copies of ours
+        add_known(worker, owns, masks, added, tier, table, stats)
+    if worker.lru is not None:
+        worker.touch(hashes, owns, now_s)
+
+
+def add_known(
+    worker: Worker,
+    owns: list[int],
+    masks: list[int],
+    added: int,
+    tier: int,
+    table: dict[int, int],
+    stats: ApplyStats,
+) -> None:
+    """Finish a store whose ``setdefault`` pass found existing entries. The entries
+    it inserted are the table's last ``added`` keys (dicts keep insertion order)."""
+    bit, dups = worker.bit, worker.dups[tier]
+    inserted = set(islice(reversed(table), added))
+    for own, mask in zip(owns, masks, strict=True):
+        if mask is bit and own in inserted:
+            inserted.discard(own)  # a second copy within this event is a duplicate
+            continue
+        mask = table[own]  # fresh: an earlier block of this event may have changed it
+        if mask & bit:
+            dups[own] = dups.get(own, 0) + 1
+            stats.duplicate_stores += 1
+        else:
+            table[own] = mask | bit
+            worker.counts[tier] += 1
+
+
+def remap(
+    worker: Worker,
+    hashes: Sequence[int],
+    owns: list[int],
+    olds: list[int],
+    stats: ApplyStats,
+) -> None:
+    """An engine hash now names other content (e.g. its parent was unknown before):
+    what was filed under the old own hash is dropped for this worker."""
+    for engine_hash, own, old in zip(hashes, owns, olds, strict=True):
+        if old != own:
+            stats.remapped_blocks += 1
+            forget(worker, old)
+            worker.emap[engine_hash] = own
+
+
+def remove(worker: Worker, event: BlockRemoved, stats: ApplyStats) -> None:
+    if event.group_idx in worker.nonfull_groups:
+        stats.ignored_blocks += len(event.block_hashes)
+        return
+    hashes = engine_keys(event.block_hashes)
+    tier = tier_index(event.medium)
+    table = worker.space.masks[tier][worker.word]
+    bit = worker.bit
+    # Optimistic: pop from both maps in C loops, undo if anything is unusual.
+    found = list(map(worker.emap.pop, hashes, repeat(None)))
+    owns = cast(list[int], found)  # a None (unknown hash) pops mask 0: the undo path
+    masks = list(map(table.pop, owns, repeat(0)))
+    dups = worker.dups[tier]
+    if all(map(bit.__and__, masks)) and (not dups or dups.keys().isdisjoint(owns)):
+        if masks.count(bit) != len(masks):  # blocks other workers hold too
+            table.update([(o, m ^ bit) for o, m in zip(owns, masks, strict=True) if m != bit])
+        worker.counts[tier] -= len(owns)
+        stats.removed_blocks += len(owns)
+        held = owns
+        if len(worker.tiers) > 1:
+            held = refile_held(worker, hashes, held)
+        if worker.lru is not None:
+            worker.untouch(held)
+        return
+    for own, mask in zip(owns, masks, strict=True):
+        if mask:
+            table[own] = mask
+    worker.emap.update((e, o) for e, o in zip(hashes, found, strict=True) if o is not None)
+    remove_each(worker, hashes, tier, table, stats)
+
+
+def refile_held(worker: Worker, hashes: Sequence[int], owns: list[int]) -> list[int]:
+    """After removing from one tier: engine hashes of blocks still held in another tier
+    go back into the map. Returns the blocks gone from the worker."""
+    bit, held = worker.bit, [False] * len(owns)
+    for tier in worker.tiers:
+        masks = map(worker.space.masks[tier][worker.word].get, owns, repeat(0))
+        held = [h or bool(m & bit) for h, m in zip(held, masks, strict=True)]
+    if not any(held):
+        return owns
+    worker.emap.update((e, o) for e, o, h in zip(hashes, owns, held, strict=True) if h)
+    return [o for o, h in zip(owns, held, strict=True) if not h]
+
+
+def remove_each(
+    worker: Worker,
+    hashes: Sequence[int],
+    tier: int,
+    table: dict[int, int],
+    stats: ApplyStats,
+) -> None:
+    bit, dups, emap = worker.bit, worker.dups[tier], worker.emap
+    for engine_hash in hashes:
+        own = emap.get(engine_hash)
+        if own is None:
+            stats.unknown_removals += 1
+            continue
+        extra = dups.get(own)
+        if extra:
+            if extra > 1:
+                dups[own] = extra - 1
+            else:
+                del dups[own]
+            stats.removed_blocks += 1
+            continue
+        mask = table.get(own, 0)
+        if not mask & bit:
+            stats.absent_removals += 1
+            continue
+        mask ^= bit
+        if mask:
+            table[own] = mask
+        else:
+            del table[own]
+        worker.counts[tier] -= 1
+        stats.removed_blocks += 1
+        if not worker.holds(own):
+            del emap[engine_hash]
+            if worker.lru is not None:
+                worker.untouch([own])
+
+
+def forget(worker: Worker, own: int) -> None:
+    """Drop every copy of one block on one worker, in every tier."""
+    bit = worker.bit
+    for tier in worker.tiers:
+        table = worker.space.masks[tier][worker.word]
+        mask = table.get(own, 0)
+        if mask & bit:
+            mask ^= bit
+            if mask:
+                table[own] = mask
+            else:
+                del table[own]
+            worker.counts[tier] -= 1
+        worker.dups[tier].pop(own, None)
+    if worker.lru is not None:
+        engine_hash = worker.untouch([own])
+        if engine_hash is not None and worker.emap.get(engine_hash) == own:
+            del worker.emap[engine_hash]
+
+
+def clear(worker: Worker, tier: int | None) -> None:
+    """Clear-all, for one tier or all of them."""
+    tiers = list(worker.tiers) if tier is None else [tier]
+    owns = set(worker.emap.values())
+    bit = worker.bit
+    for t in tiers:
+        table = worker.space.masks[t][worker.word]
+        for own in owns:
+            mask = table.get(own, 0)
+            if mask & bit:
+                mask ^= bit
+                if mask:
+                    table[own] = mask
+                else:
+                    del table[own]
+        worker.counts[t] = 0
+        worker.dups[t].clear()
+    if tier is None:
+        worker.emap.clear()
+        worker.tiers.clear()
+        worker.approximate = False
+        if worker.lru is not None:
+            worker.lru.clear()
+            worker.rev.clear()
+        return
+    worker.tiers.discard(tier)
+    gone = [(e, o) for e, o in worker.emap.items() if not worker.holds(o)]
+    for engine_hash, own in gone:
+        del worker.emap[engine_hash]
+        if worker.lru is not None:
+            worker.untouch([own])
+
+
+def reset(worker: Worker, reason: str, stats: ApplyStats) -> None:
+    clear(worker, None)
+    worker.approximate = True
+    worker.resets += 1
+    worker.reset_reason = reason
+    stats.resets += 1
+
+
+# ------------------------------------------------------------------ store-only
+
+
+def sweep(worker: Worker, now_s: float, stats: ApplyStats) -> None:
+    """Age out (TTL) and trim (capacity, least recently stored or looked up first)."""
+    expired, trimmed = worker.victims(now_s)
+    for own in expired + trimmed:
+        forget(worker, own)
+    stats.expired_blocks += len(expired)
+    stats.trimmed_blocks += len(trimmed)
+    worker.schedule_sweep(now_s)
