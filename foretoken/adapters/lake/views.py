@@ -8,7 +8,8 @@ Parquet files, see FIELD-NOTES "DuckDB 2.0") and defines, in file-name order, ev
 * ``graded_raw`` — every row of every file (re-deliveries included);
 * ``graded`` — one row per request id (the latest written) plus the grades;
 * ``accuracy_by_hour``, ``by_worker``, ``by_model``, ``by_class`` — tails of |error|,
-  within 1 s / 10 s, same-side-of-bound counts and underpredictions per group;
+  within 1 s / 10 s, same-side-of-bound counts and underpredictions per group: one table
+  macro, ``accuracy_by(keys)`` (a file that starts with ``CREATE`` is run as it is);
 * ``cache_disagreement`` — the disagreement rate and within 1 s for each side;
 * ``bounds`` — per bound value B: admitted, rejected, underpredictions, the matrix;
 * ``false_alarms`` — the direct (explore-based) estimate with a Wilson 95% interval.
@@ -70,8 +71,16 @@ def view_files() -> list[tuple[str, Path]]:
     return out
 
 
+def _is_statement(text: str) -> bool:
+    """A file that defines something itself (``CREATE MACRO …``) rather than a view's query."""
+    code = [
+        line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("--")
+    ]
+    return bool(code) and code[0].lstrip().upper().startswith("CREATE ")
+
+
 def view_names() -> list[str]:
-    return [name for name, _ in view_files()]
+    return [name for name, path in view_files() if not _is_statement(path.read_text())]
 
 
 def metric_names() -> list[str]:
@@ -96,7 +105,11 @@ def connect(lake_dir: str | Path) -> duckdb.DuckDBPyConnection:
             con.execute(f"CREATE MACRO lake_glob() AS {sql_string(lake_glob(lake_dir))}")
             _create_stub(con)
             for name, path in view_files():
-                con.execute(f"CREATE VIEW {name} AS {path.read_text()}")
+                text = path.read_text()
+                if _is_statement(text):  # a macro the views after it use
+                    con.execute(text)
+                else:
+                    con.execute(f"CREATE VIEW {name} AS {text}")
         except duckdb.IOException:
             con.close()  # binding a view read a file that a compaction just removed
             if attempt + 1 == QUERY_ATTEMPTS:
