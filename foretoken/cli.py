@@ -21,6 +21,8 @@ fleet_app = typer.Typer(no_args_is_help=True, help="The fleet simulator.")
 app.add_typer(fleet_app, name="fleet")
 llama_app = typer.Typer(no_args_is_help=True, help="Real llama.cpp engines (llama-cpp-python).")
 app.add_typer(llama_app, name="llama")
+config_app = typer.Typer(no_args_is_help=True, help="The settings (defaults, file, environment).")
+app.add_typer(config_app, name="config")
 
 console = Console(stderr=True)
 ConfigOpt = typer.Option(None, "--config", "-c", help="Settings TOML (else $FORETOKEN_CONFIG).")
@@ -32,6 +34,30 @@ def _settings(config: str | None) -> Settings:
     except SettingsError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
+
+
+@config_app.command("show")
+def config_show(
+    config: str | None = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
+) -> None:
+    """Every effective setting, with where its value came from (default, file, env)."""
+    import json
+
+    from foretoken.settings import describe_settings, load_settings_with_sources
+
+    try:
+        settings, sources = load_settings_with_sources(config)
+    except SettingsError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    rows = describe_settings(settings, sources)
+    if as_json:
+        print(json.dumps([{"key": k, "value": v, "source": src} for k, v, src in rows], indent=1))
+        return
+    width = max(len(k) for k, _, _ in rows)
+    for key, value, source in rows:
+        print(f"{key:<{width}}  {json.dumps(value):<28}  {source}")
 
 
 @kafka_app.command("up")

@@ -317,7 +317,7 @@ def replay_vs_walk(depths: tuple[int, ...] = (4, 16, 64), calls: int = 200) -> d
     (the route service before the recorded future) against a walk through the recorded
     future (now); CPU µs per prediction, each worker's future recorded once."""
     from foretoken.core.queue.inflight import InFlightEstimate
-    from foretoken.core.queue.scheduler import CurveStepCost, NewRequest, replay_until_first_token
+    from foretoken.core.queue.scheduler import CurveStepCost, NewRequest, simulate_until_first_token
 
     cost = CurveStepCost(lambda n: 1.5e-4 * n + 2.5e-9 * n * n, 0.004, 1e-4)
     settings = SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=256)
@@ -333,7 +333,7 @@ def replay_vs_walk(depths: tuple[int, ...] = (4, 16, 64), calls: int = 200) -> d
         state = est.state()
         news = [NewRequest(rng.randrange(500, 32_768), 0) for _ in range(calls)]
         t0 = time.thread_time()
-        full = [replay_until_first_token(settings, state, n, now, cost).ttft_s for n in news]
+        full = [simulate_until_first_token(settings, state, n, now, cost).ttft_s for n in news]
         t1 = time.thread_time()
         walked = [est.predict(n, now, cost).ttft_s for n in news]
         t2 = time.thread_time()

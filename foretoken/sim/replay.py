@@ -107,7 +107,7 @@ class _Flight:
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayResult:
+class QueuePrediction:
     """The records of a replay (one per request, in arrival order) and its run stats."""
 
     records: tuple[Graded, ...]
@@ -383,7 +383,7 @@ def replay(
     limit: int | None = None,
     model: str | None = None,
     step_by_step: bool = False,
-) -> ReplayResult:
+) -> QueuePrediction:
     """Replay ``trace`` (its first ``limit`` requests, arrivals divided by ``speedup``)
     on ``fleet`` in virtual time, routing with ``policy``. Every request is for ``model``
     (default: the fleet's only model). At each arrival the policy decides with the
@@ -400,7 +400,7 @@ def replay(
     records = tuple(record for record in state.records if record is not None)
     if len(records) != len(requests):
         raise RuntimeError(f"{len(requests) - len(records)} requests never completed")
-    return ReplayResult(
+    return QueuePrediction(
         records=records,
         fleet=fleet.name,
         policy=policy.name,
@@ -525,7 +525,7 @@ def run_replay(
     out_dir: str | Path | None = None,
     seed: int = 0,
     progress: bool = True,
-) -> ReplayResult:
+) -> QueuePrediction:
     """Load a fleet (file or shipped name) and a shipped trace (``TRACE_LOADERS``), replay
     it with a registered policy and, with ``out_dir``, append the records to the lake.
 

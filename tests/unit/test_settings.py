@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from foretoken.settings import ENV_VARS, Settings, SettingsError, load_settings
+from foretoken.settings import (
+    ENV_VARS,
+    Settings,
+    SettingsError,
+    describe_settings,
+    load_settings,
+    load_settings_with_sources,
+)
 
 
 def test_defaults_work_on_a_laptop() -> None:
@@ -44,3 +51,53 @@ def test_every_env_var_maps_to_a_real_setting() -> None:
         for part in dotted.split("."):
             assert hasattr(node, part), f"{var} -> {dotted}"
             node = getattr(node, part)
+
+
+def test_every_knob_of_the_core_is_a_setting_from_file_and_environment(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text(
+        "[predictor]\nexplore_fraction = 0.1\ntier_load_s_per_token = { CPU = 3e-6 }\n"
+        "[fits]\ndefault_a = 2e-4\n[fits.prefill]\nwindow = 128\n"
+        "[join]\ntimeout_s = 120.0\n[controls]\nwindow_s = 30.0\n"
+    )
+    s = load_settings(f, env={"FORETOKEN__JOIN__EXPIRY_INTERVAL_S": "2.5",
+                              "FORETOKEN__FITS__STEP__MIN_SAMPLES": "12",
+                              "FORETOKEN__PREDICTOR__OVERLOAD_WAIT_S": "60"})  # fmt: skip
+    assert s.predictor.explore_fraction == 0.1 and s.predictor.overload_wait_s == 60.0
+    assert s.predictor.tier_load_s_per_token == {"CPU": 3e-6}
+    assert s.fits.default_a == 2e-4 and s.fits.prefill.window == 128
+    assert s.fits.step.min_samples == 12
+    assert s.join.timeout_s == 120.0 and s.join.expiry_interval_s == 2.5
+    assert s.controls.window_s == 30.0
+
+
+def test_unknown_keys_and_cross_field_rules_are_errors_that_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"unknown setting 'predictor\.explore_fractoin'"):
+        load_settings(env={"FORETOKEN__PREDICTOR__EXPLORE_FRACTOIN": "0.1"})
+    f = tmp_path / "typo.toml"
+    f.write_text("[fits.prefill]\nwindw = 3\n")
+    with pytest.raises(SettingsError, match=r"unknown setting 'fits\.prefill\.windw'"):
+        load_settings(f, env={})
+    with pytest.raises(SettingsError, match=r"explore_fraction.*FORETOKEN__PREDICTOR"):
+        load_settings(env={"FORETOKEN__PREDICTOR__EXPLORE_FRACTION": "2"})
+    with pytest.raises(SettingsError, match=r"router.min_queue_wait_s.*router.max_queue_wait_s"):
+        load_settings(env={"FORETOKEN__ROUTER__MIN_QUEUE_WAIT_S": "400"})
+    with pytest.raises(
+        SettingsError, match=r"join.expiry_interval_s.*predictor.outstanding_max_age"
+    ):
+        load_settings(env={"FORETOKEN__JOIN__EXPIRY_INTERVAL_S": "800",
+                           "FORETOKEN__JOIN__TIMEOUT_S": "900",
+                           "FORETOKEN__PREDICTOR__OUTSTANDING_MAX_AGE_S": "600"})  # fmt: skip
+
+
+def test_config_show_names_where_each_value_came_from(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text('[worker]\napp_id = "file-app"\n')
+    settings, sources = load_settings_with_sources(
+        f, env={"FORETOKEN_WEB_PORT": "7001", "FORETOKEN__FITS__DEFAULT_B": "1e-9"}
+    )
+    rows = {key: (value, source) for key, value, source in describe_settings(settings, sources)}
+    assert rows["worker.app_id"] == ("file-app", f"file {f}")
+    assert rows["worker.web_port"] == (7001, "env FORETOKEN_WEB_PORT")
+    assert rows["fits.default_b"] == (1e-9, "env FORETOKEN__FITS__DEFAULT_B")
+    assert rows["predictor.explore_fraction"] == (0.02, "default")

@@ -13,7 +13,7 @@ Transport (vLLM ``vllm/distributed/kv_events.py`` ``ZmqEventPublisher``; SGLang
     (``buffer_steps``, default 10 000) comes back as ``[identity, b"", seq, payload]``, then
     ``END_SEQ = (-1).to_bytes(8, "big", signed=True)`` (eight 0xff) with an empty payload.
     vLLM PR #45177 added the topic to replies: ``[identity, b"", topic, seq, payload]``,
-    ended by ``[identity, b"", b"", END_SEQ, b""]``. :func:`split_replay_reply` takes both.
+    ended by ``[identity, b"", b"", END_SEQ, b""]``. :func:`split_backfill_reply` takes both.
 
 Batch (``EventBatch``): ``array_like`` → ``[ts, events]`` (first vLLM/SGLang releases),
     ``[ts, events, data_parallel_rank]`` (vLLM PR #18925; SGLang names it
@@ -260,14 +260,14 @@ def decode_engine_payload(
     )
 
 
-def replay_request_frames(start_seq: int) -> list[bytes]:
+def backfill_request_frames(start_seq: int) -> list[bytes]:
     """What a DEALER sends to a replay ROUTER to get every batch from ``start_seq`` on."""
     if not 0 <= start_seq < 1 << 64:
         raise ValueError(f"start_seq must be an unsigned 64-bit int, got {start_seq}")
     return [b"", start_seq.to_bytes(SEQ_BYTES, "big")]
 
 
-def split_replay_reply(frames: Sequence[bytes]) -> tuple[bytes, int, bytes] | None:
+def split_backfill_reply(frames: Sequence[bytes]) -> tuple[bytes, int, bytes] | None:
     """A replay reply as a DEALER receives it → ``(topic, seq, payload)``; None at the end.
 
     Accepts ``[b"", seq, payload]`` (before vLLM PR #45177; topic is then ``b""``) and

@@ -26,10 +26,10 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from foretoken.adapters.engines.decoders import (
     DecodedBatch,
+    backfill_request_frames,
     decode_engine_frames,
     decode_engine_payload,
-    replay_request_frames,
-    split_replay_reply,
+    split_backfill_reply,
 )
 from foretoken.adapters.engines.engines_file import EngineConfig
 from foretoken.adapters.engines.sequence import SeqTracker
@@ -42,7 +42,7 @@ from foretoken.wire.records import DeadLetter, IndexReset, KvEventBatch
 
 log = logging.getLogger(__name__)
 
-REPLAY_TIMEOUT_S = 2.0
+BACKFILL_TIMEOUT_S = 2.0
 # What ingest writes: registrations, KV batches, undecodable frames.
 INGEST_TOPICS = ("workers", "kv_events", "dead_letter")
 METRICS_TIMEOUT_S = 2.0
@@ -62,7 +62,10 @@ class IngestMetrics:
         self.dead = counter("foretoken_ingest_dead_letter", "Undecodable engine messages.")
         self.gaps = counter("foretoken_ingest_gaps", "Sequence gaps detected.")
         self.restarts = counter("foretoken_ingest_restarts", "Engine restarts (seq back to 0).")
-        self.replayed = counter("foretoken_ingest_replayed", "Batches recovered through replay.")
+        self.backfilled = counter(
+            "foretoken_ingest_backfilled",
+            "Batches recovered through the engine's replay socket (backfill).",
+        )
         self.resets = counter("foretoken_ingest_resets", "Index resets sent (gap not closed).")
         self.duplicates = counter("foretoken_ingest_duplicates", "Batches dropped as seen.")
         self.unknown = counter("foretoken_ingest_unknown_tags", "Events of unknown tags.")
@@ -75,7 +78,7 @@ class IngestMetrics:
 
 
 Emit = Callable[[KvEventBatch], Awaitable[None]]
-Replay = Callable[[int], Awaitable[list[tuple[int, bytes]]]]
+Backfill = Callable[[int], Awaitable[list[tuple[int, bytes]]]]
 
 
 @dataclass
@@ -85,7 +88,7 @@ class EngineFeed:
     engine: EngineConfig
     tracker: SeqTracker
     emit: Emit
-    replay: Replay
+    backfill: Backfill
     metrics: IngestMetrics
 
     @property
@@ -117,26 +120,26 @@ class EngineFeed:
         await self._emit(decoded)
 
     async def _repair(self, start: int, decoded: DecodedBatch) -> None:
-        for seq, payload in await self.replay(start):
+        for seq, payload in await self.backfill(start):
             if seq > decoded.seq:
                 break
             try:
-                replayed = self.decode_payload(seq, payload)
+                backfilled = self.decode_payload(seq, payload)
             except DecodeError as exc:
-                log.warning("replayed batch %s of %s undecodable: %s", seq, self.worker, exc)
+                log.warning("backfilled batch %s of %s undecodable: %s", seq, self.worker, exc)
                 break
             if self.tracker.observe(self.worker, seq).apply:
-                self.metrics.replayed.labels(self.worker).inc()
-                await self._emit(replayed)
+                self.metrics.backfilled.labels(self.worker).inc()
+                await self._emit(backfilled)
         after = self.tracker.observe(self.worker, decoded.seq)
-        if after.verdict == "duplicate":  # the replay delivered this batch too
+        if after.verdict == "duplicate":  # the backfill delivered this batch too
             return
         if after.apply:
             await self._emit(decoded)
             return
-        # Replay could not close the gap: the index can no longer trust this worker's state.
+        # The backfill could not close the gap: the index can no longer trust this worker's state.
         self.tracker.force(self.worker, decoded.seq)
-        await self._reset(f"gap before seq {decoded.seq} not repaired by replay", decoded)
+        await self._reset(f"gap before seq {decoded.seq} not repaired by backfill", decoded)
         await self._emit(decoded)
 
     async def _reset(self, reason: str, decoded: DecodedBatch) -> None:
@@ -160,7 +163,7 @@ class EngineFeed:
         await self.emit(decoded.batch)
 
 
-async def zmq_replay(
+async def zmq_backfill(
     ctx: zmq.asyncio.Context, url: str | None, start: int
 ) -> list[tuple[int, bytes]]:
     """Ask an engine's replay ROUTER for every batch from ``start``; [] if it cannot answer."""
@@ -171,16 +174,16 @@ async def zmq_replay(
     sock.connect(url)
     out: list[tuple[int, bytes]] = []
     try:
-        await sock.send_multipart(replay_request_frames(start))
+        await sock.send_multipart(backfill_request_frames(start))
         while True:
-            frames = await asyncio.wait_for(sock.recv_multipart(), REPLAY_TIMEOUT_S)
-            reply = split_replay_reply(frames)
+            frames = await asyncio.wait_for(sock.recv_multipart(), BACKFILL_TIMEOUT_S)
+            reply = split_backfill_reply(frames)
             if reply is None:
                 return out
             _topic, seq, payload = reply
             out.append((seq, payload))
     except (TimeoutError, DecodeError, zmq.ZMQError) as exc:
-        log.warning("replay from %s at seq %s failed: %s", url, start, exc)
+        log.warning("backfill from %s at seq %s failed: %s", url, start, exc)
         return out
     finally:
         sock.close()
@@ -247,10 +250,10 @@ class Ingest:
         async def emit(batch: KvEventBatch) -> None:
             await producer.send("kv_events", batch)
 
-        async def replay(start: int) -> list[tuple[int, bytes]]:
-            return await zmq_replay(self.ctx, engine.replay_url, start)
+        async def backfill(start: int) -> list[tuple[int, bytes]]:
+            return await zmq_backfill(self.ctx, engine.replay_url, start)
 
-        feed = EngineFeed(engine, self.tracker, emit, replay, self.metrics)
+        feed = EngineFeed(engine, self.tracker, emit, backfill, self.metrics)
         source = f"zmq:{engine.worker_id}"
         try:
             while True:

@@ -35,7 +35,8 @@ from typing import Any
 import faust
 from prometheus_client import CollectorRegistry, Counter
 
-from foretoken.adapters.lake.writer import Compacted, LakeWriter
+from foretoken.adapters.lake.sink import ParquetLake
+from foretoken.core.grading.sink import GradedSink
 from foretoken.settings import LakeSettings
 from foretoken.wire.records import Graded
 
@@ -65,7 +66,7 @@ class LakeSink:
         if settings.batch_records < 1 or settings.batch_s <= 0:
             raise ValueError("lake.batch_records must be >= 1 and lake.batch_s > 0")
         self.settings = settings
-        self.writer = LakeWriter(Path(settings.dir))
+        self.lake: GradedSink = ParquetLake(Path(settings.dir))
         self.counters = SinkCounters()
         self._written = Counter(
             "foretoken_lake_records_written",
@@ -84,22 +85,22 @@ class LakeSink:
         if not records:
             return []
         try:
-            files = self.writer.append(records)
+            files = self.lake.append(records)
         except Exception as exc:  # isolate the bad record(s), keep the good ones
             log.warning("lake batch of %d failed (%s); writing one by one", len(records), exc)
             return self._one_by_one(records)
-        self._count(len(records), len(files))
+        self._count(len(records), files)
         return []
 
     def _one_by_one(self, records: Sequence[Graded]) -> list[tuple[int, str]]:
         failed: list[tuple[int, str]] = []
         for i, record in enumerate(records):
             try:
-                files = self.writer.append([record])
+                files = self.lake.append([record])
             except Exception as exc:
                 failed.append((i, f"lake write failed: {type(exc).__name__}: {exc}"))
                 continue
-            self._count(1, len(files))
+            self._count(1, files)
         self.counters.failed += len(failed)
         self._failed.inc(len(failed))
         return failed
@@ -111,15 +112,15 @@ class LakeSink:
         self.counters.last_write_s = time.time()
         self._written.inc(records)
 
-    def compact(self, now_s: float) -> list[Compacted]:
-        done = self.writer.compact_closed(now_s, self.settings.compact_after_s)
+    def compact(self, now_s: float) -> Sequence[object]:
+        done = self.lake.compact_closed(now_s, self.settings.compact_after_s)
         self.counters.compacted_hours += len(done)
         return done
 
     def stats(self) -> dict[str, Any]:
         c = self.counters
         return {
-            "dir": str(self.writer.root),
+            "dir": self.settings.dir,
             "batches": c.batches,
             "records": c.records,
             "files": c.files,
@@ -176,5 +177,4 @@ def add_lake_sink(
             log.warning("lake compaction failed: %s", exc)
             return
         for c in done:
-            log.info("compacted %s: %d files, %d -> %d rows", c.hour, c.merged_files,
-                     c.rows_in, c.rows_out)  # fmt: skip
+            log.info("compacted %s", c)

@@ -54,6 +54,7 @@ deleted before it is opened fails with an I/O error and is simply run again
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -258,6 +259,9 @@ class LakeWriter:
         keeps its last record. Returns the files written."""
         if not records:
             return []
+        bad = next((r for r in records if not math.isfinite(r.ts)), None)
+        if bad is not None:  # its hour partition is undefined: refuse the batch, say why
+            raise ValueError(f"graded request {bad.request_id}: ts must be finite, got {bad.ts}")
         return self.append_frame(graded_frame(records))
 
     def append_frame(self, frame: pl.DataFrame) -> list[Path]:

@@ -1,7 +1,7 @@
 """A worker's recorded future, and a new request's first token read off it.
 
 A replay for one candidate request
-(:func:`foretoken.core.queue.scheduler.replay_until_first_token`) runs
+(:func:`foretoken.core.queue.scheduler.simulate_until_first_token`) runs
 the worker's whole queue ahead of the request through the step scheduler. The route
 service asks this for every worker on every request, and most of the time a worker's
 queue has not changed since the previous request, so the queue's future is replayed
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from foretoken.core.queue.scheduler import (
     NewRequest,
-    ReplayResult,
+    QueuePrediction,
     StepCost,
     Stretch,
     _Scheduler,
@@ -76,8 +76,8 @@ class Future:
             return 0.0
         return self.drained_s + self._offset(now_s) - now_s
 
-    def first_token(self, new_request: NewRequest, now_s: float) -> ReplayResult:
-        """What :func:`~foretoken.core.queue.scheduler.replay_until_first_token` gives for
+    def first_token(self, new_request: NewRequest, now_s: float) -> QueuePrediction:
+        """What :func:`~foretoken.core.queue.scheduler.simulate_until_first_token` gives for
         ``new_request`` arriving at ``now_s`` behind this queue."""
         settings, cost = self.settings, self.cost
         first, prompt = prefill_span(new_request.prompt_tokens, new_request.cached_tokens)
@@ -117,7 +117,7 @@ class Future:
             steps += need
         ttft_s = done_s + self._offset(now_s) - now_s
         prefill_s = cost.chunk_s(first, prompt)
-        return ReplayResult(
+        return QueuePrediction(
             queue_wait_s=max(ttft_s - prefill_s, 0.0),
             prefill_s=prefill_s,
             ttft_s=ttft_s,

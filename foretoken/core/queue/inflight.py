@@ -24,8 +24,8 @@ from foretoken.core.queue.scheduler import (
     MIN_OUTPUT_TOKENS_LEFT,
     NewRequest,
     Phase,
+    QueuePrediction,
     QueueState,
-    ReplayResult,
     SeqState,
     StepCost,
     _admission_order,
@@ -146,8 +146,8 @@ class InFlightEstimate:
             waiting=tuple(SeqState(s.end, s.computed, s.left) for s in scheduler.waiting),
         )
 
-    def predict(self, new_request: NewRequest, now_s: float, cost: StepCost) -> ReplayResult:
-        """:func:`~foretoken.core.queue.scheduler.replay_until_first_token` from :meth:`state`
+    def predict(self, new_request: NewRequest, now_s: float, cost: StepCost) -> QueuePrediction:
+        """:func:`~foretoken.core.queue.scheduler.simulate_until_first_token` from :meth:`state`
         (after
         :meth:`advance`). A request without a first token has at least its last chunk to
         compute and all its output left; one with a first token has what the simulation

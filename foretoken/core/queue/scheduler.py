@@ -123,7 +123,7 @@ class NewRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayResult:
+class QueuePrediction:
     """A prediction: ``queue_wait_s + prefill_s == ttft_s`` (the wait clamped at 0)."""
 
     queue_wait_s: float
@@ -419,7 +419,7 @@ def _run_to_first_token(
     now_s: float,
     cost: StepCost,
     tokens_ahead: int,
-) -> ReplayResult:
+) -> QueuePrediction:
     first, prompt = prefill_span(new_request.prompt_tokens, new_request.cached_tokens)
     target = _Seq(first, first, prompt, _NEVER_LEAVES)
     scheduler.waiting.append(target)
@@ -430,7 +430,7 @@ def _run_to_first_token(
             raise RuntimeError("the replay stalled before the new request's first token")
     ttft_s = scheduler.free_at_s - now_s
     prefill_s = cost.chunk_s(first, prompt)
-    return ReplayResult(
+    return QueuePrediction(
         queue_wait_s=max(ttft_s - prefill_s, 0.0),
         prefill_s=prefill_s,
         ttft_s=ttft_s,
@@ -477,13 +477,13 @@ def _seq_from(state: SeqState) -> _Seq:
 # ----------------------------------------------------------------------------- replay API
 
 
-def replay_until_first_token(
+def simulate_until_first_token(
     settings: SchedulerSettings,
     queue_state: QueueState,
     new_request: NewRequest,
     now_s: float,
     cost: StepCost,
-) -> ReplayResult:
+) -> QueuePrediction:
     """Replay the worker's scheduler from ``now_s`` (or from the end of its current step)
     with ``new_request`` arriving at ``now_s`` behind everything in ``queue_state``; the
     step that completes its prompt yields its first token."""

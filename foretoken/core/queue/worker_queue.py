@@ -27,8 +27,8 @@ import msgspec
 from foretoken.core.queue.inflight import InFlightEstimate
 from foretoken.core.queue.scheduler import (
     NewRequest,
+    QueuePrediction,
     QueueState,
-    ReplayResult,
     StepCost,
     prefill_span,
 )
@@ -192,8 +192,8 @@ class WorkerQueue:
         self._catch_up(now_s, cost)
         return self._estimate.state()
 
-    def predict(self, new_request: NewRequest, now_s: float, cost: StepCost) -> ReplayResult:
-        """TTFT of ``new_request`` sent here at ``now_s`` (see ``replay_until_first_token``)."""
+    def predict(self, new_request: NewRequest, now_s: float, cost: StepCost) -> QueuePrediction:
+        """TTFT of ``new_request`` sent here at ``now_s`` (see ``simulate_until_first_token``)."""
         self._catch_up(now_s, cost)
         return self._estimate.predict(new_request, now_s, cost)
 

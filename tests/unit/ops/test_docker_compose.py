@@ -11,7 +11,7 @@ from typer.main import get_command
 from foretoken.cli import app
 from foretoken.settings import ENV_VARS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SERVICES = {"kafka", "worker", "router", "fleet", "dashboard"}
 # Services whose subcommand a later issue adds (dashboard: #7).
 PENDING: set[str] = set()

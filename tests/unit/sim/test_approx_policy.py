@@ -13,7 +13,7 @@ from foretoken.sim.policy import FleetLedger, make_policy
 from foretoken.sim.predictor_policy import ApproxPredictorPolicy
 from foretoken.sim.replay import replay
 from foretoken.wire.records import Graded
-from tests.unit.test_predictor_policy import (
+from tests.unit.sim.test_predictor_policy import (
     BLOCK,
     FLEET,
     FOLLOW_UP_EVERY,

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from foretoken.adapters.engines.decoders import (
     DecodedBatch,
+    backfill_request_frames,
     decode_sglang_frames,
     decode_vllm_frames,
-    replay_request_frames,
-    split_replay_reply,
+    split_backfill_reply,
 )
 from foretoken.adapters.engines.sequence import SeqTracker
 from foretoken.core.types import ModelName, WorkerId
@@ -461,17 +461,17 @@ def test_fuzz_events_with_known_tags_and_random_fields(
 
 
 def test_replay_request_and_both_reply_forms() -> None:
-    assert replay_request_frames(5) == [b"", b"\x00\x00\x00\x00\x00\x00\x00\x05"]
+    assert backfill_request_frames(5) == [b"", b"\x00\x00\x00\x00\x00\x00\x00\x05"]
     seq7 = (7).to_bytes(8, "big")
-    assert split_replay_reply([b"", seq7, b"payload"]) == (b"", 7, b"payload")
-    assert split_replay_reply([b"", b"topic", seq7, b"p"]) == (b"topic", 7, b"p")
+    assert split_backfill_reply([b"", seq7, b"payload"]) == (b"", 7, b"payload")
+    assert split_backfill_reply([b"", b"topic", seq7, b"p"]) == (b"topic", 7, b"p")
     end = (-1).to_bytes(8, "big", signed=True)
-    assert split_replay_reply([b"", end, b""]) is None
-    assert split_replay_reply([b"", b"", end, b""]) is None
+    assert split_backfill_reply([b"", end, b""]) is None
+    assert split_backfill_reply([b"", b"", end, b""]) is None
     bad_replies: list[Any] = [[b"x", seq7, b"p"], [b"", b"\x01", b"p"], [b""], "x"]
     for bad in bad_replies:
         with pytest.raises(DecodeError):
-            split_replay_reply(bad)
+            split_backfill_reply(bad)
 
 
 # --------------------------------------------------------------------------- seq

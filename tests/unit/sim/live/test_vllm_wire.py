@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foretoken.adapters.engines.decoders import decode_vllm_frames, split_replay_reply
+from foretoken.adapters.engines.decoders import decode_vllm_frames, split_backfill_reply
 from foretoken.core.types import EngineBlockHash, ModelName, WorkerId
 from foretoken.sim.live.vllm_wire import (
     decode_replay_request,
@@ -171,7 +171,7 @@ def test_replay_stream_is_read_back_by_the_ingest(topic: bytes | None) -> None:
     buffer = [(seq, f"payload-{seq}".encode()) for seq in range(3, 9)]
     replies = encode_replay_stream(b"id", buffer, 5, topic=topic)
     # A DEALER receives each reply without the identity frame the ROUTER addressed it by.
-    read = [split_replay_reply(reply[1:]) for reply in replies]
+    read = [split_backfill_reply(reply[1:]) for reply in replies]
     assert read[-1] is None
     expected_topic = topic or b""
     assert read[:-1] == [(expected_topic, seq, f"payload-{seq}".encode()) for seq in range(5, 9)]

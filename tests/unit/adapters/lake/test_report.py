@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from foretoken.adapters.lake.report import render, report, sql_shell
-from tests.unit.test_grading_sql import Z, build_golden
+from tests.unit.adapters.lake.test_views import Z, build_golden
 
 
 @pytest.fixture()

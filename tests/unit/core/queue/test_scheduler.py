@@ -24,7 +24,7 @@ from foretoken.core.queue.scheduler import (
     SeqState,
     prefill_span,
     projected_drain_s,
-    replay_until_first_token,
+    simulate_until_first_token,
 )
 from foretoken.core.queue.worker_queue import Phase, WorkerQueue
 from foretoken.core.types import RequestId
@@ -71,7 +71,7 @@ def replay(
     new: NewRequest = NewRequest(10),
 ):
     state = QueueState(free_at_s=NOW, running=running, waiting=waiting)
-    return replay_until_first_token(settings_, state, new, NOW, COST)
+    return simulate_until_first_token(settings_, state, new, NOW, COST)
 
 
 def check_parts(result, expected_ttft_s: float, steps: int) -> None:
@@ -177,11 +177,11 @@ def test_running_prefill_first_can_starve_the_decodes_behind_it() -> None:
 def test_wait_starts_after_the_current_step() -> None:
     # the step under way ends 0.5 s from now; then one step of 10 tokens.
     state = QueueState(free_at_s=NOW + 0.5)
-    result = replay_until_first_token(sched(), state, NewRequest(10), NOW, COST)
+    result = simulate_until_first_token(sched(), state, NewRequest(10), NOW, COST)
     check_parts(result, 0.5 + OVERHEAD + curve(10), steps=1)
     idle = QueueState(free_at_s=NOW - 3.0)  # idle since long ago: starts now
     check_parts(
-        replay_until_first_token(sched(), idle, NewRequest(10), NOW, COST),
+        simulate_until_first_token(sched(), idle, NewRequest(10), NOW, COST),
         OVERHEAD + curve(10),
         steps=1,
     )
@@ -474,7 +474,7 @@ PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 @PROPERTY
 @given(settings_st, state_st(), new_st, cost_st)
 def test_stretches_equal_the_step_by_step_scheduler(settings_, state, new, cost) -> None:
-    fast = replay_until_first_token(settings_, state, new, NOW, cost)
+    fast = simulate_until_first_token(settings_, state, new, NOW, cost)
     ttft_s, steps = naive_replay(settings_, state, new, NOW, cost)
     assert fast.steps == steps
     assert fast.ttft_s == pytest.approx(ttft_s, rel=1e-9, abs=1e-12)
@@ -484,7 +484,7 @@ def test_stretches_equal_the_step_by_step_scheduler(settings_, state, new, cost)
 @PROPERTY
 @given(settings_st, state_st(), new_st, cost_st)
 def test_ttft_is_never_below_the_own_prefill(settings_, state, new, cost) -> None:
-    result = replay_until_first_token(settings_, state, new, NOW, cost)
+    result = simulate_until_first_token(settings_, state, new, NOW, cost)
     first, prompt_len = prefill_span(new.prompt_tokens, new.cached_tokens)
     own_s = cost.chunk_s(first, prompt_len)
     assert result.prefill_s == own_s
@@ -494,9 +494,9 @@ def test_ttft_is_never_below_the_own_prefill(settings_, state, new, cost) -> Non
 @PROPERTY
 @given(settings_st, state_st(), new_st, cost_st, st.lists(seq_st(False), min_size=1, max_size=3))
 def test_more_work_ahead_never_shortens_the_ttft(settings_, state, new, cost, extra) -> None:
-    base = replay_until_first_token(settings_, state, new, NOW, cost)
+    base = simulate_until_first_token(settings_, state, new, NOW, cost)
     more = QueueState(state.free_at_s, state.running, state.waiting + tuple(extra))
-    longer = replay_until_first_token(settings_, more, new, NOW, cost)
+    longer = simulate_until_first_token(settings_, more, new, NOW, cost)
     assert longer.ttft_s >= base.ttft_s - 1e-9 * max(1.0, base.ttft_s)
     assert longer.queue_tokens_ahead > base.queue_tokens_ahead
 
@@ -544,7 +544,7 @@ def test_the_estimate_predicts_as_a_replay_of_its_state(settings_, requests, at,
             estimate.first_token(i, now_s)
     state = estimate.state()
     direct = estimate.predict(new, now_s, COST)
-    replayed = replay_until_first_token(settings_, state, new, now_s, COST)
+    replayed = simulate_until_first_token(settings_, state, new, now_s, COST)
     assert (direct.steps, direct.queue_tokens_ahead) == (
         replayed.steps,
         replayed.queue_tokens_ahead,

@@ -13,9 +13,9 @@ from foretoken.core.queue.scheduler import (
     NewRequest,
     _scheduler_from,
     projected_drain_s,
-    replay_until_first_token,
+    simulate_until_first_token,
 )
-from tests.unit.test_queue_replay import (
+from tests.unit.core.queue.test_scheduler import (
     COST,
     NOW,
     PROPERTY,
@@ -44,7 +44,7 @@ def test_walking_the_recorded_future_equals_a_full_replay(
     for now_s in (NOW + d for d in later):
         for new in news:
             walked = future.first_token(new, now_s)
-            full = replay_until_first_token(settings_, state, new, now_s, cost)
+            full = simulate_until_first_token(settings_, state, new, now_s, cost)
             assert walked.steps == full.steps
             assert walked.queue_tokens_ahead == full.queue_tokens_ahead
             assert walked.ttft_s == pytest.approx(full.ttft_s, rel=1e-9, abs=1e-12)

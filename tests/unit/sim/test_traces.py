@@ -63,7 +63,7 @@ def test_traces_dir_defaults_to_the_repositorys_data_and_env_overrides(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv(TRACES_DIR_ENV, raising=False)
-    repo_root = Path(__file__).resolve().parents[2]
+    repo_root = Path(__file__).resolve().parents[3]
     assert traces_dir() == repo_root / "data" / "traces"
     assert (traces_dir() / MOONCAKE_FILE).is_file()  # shipped in the repository
     monkeypatch.setenv(TRACES_DIR_ENV, str(tmp_path))

@@ -12,10 +12,11 @@ import pytest
 
 from foretoken.adapters.kafka.held_acks import HeldAcks
 from foretoken.adapters.kafka.lake_sink import LakeSink
+from foretoken.adapters.lake.sink import ParquetLake
 from foretoken.adapters.lake.views import connect, rows
 from foretoken.adapters.lake.writer import (
     HOUR_S,
-    LakeWriter,
+    Compacted,
     closed_hours,
     hour_dirs,
     hour_start_s,
@@ -103,13 +104,14 @@ def test_compaction_merges_closed_hours_and_leaves_the_open_one(tmp_path: Path) 
         sink.write([_graded(f"old{part}", HOUR0 + part), _graded(f"new{part}", HOUR0 + HOUR_S)])
     sink.write([_graded("old0", HOUR0)])  # a re-delivery into the closed hour
     done = sink.compact(now_s=HOUR0 + HOUR_S + 120.0)  # hour 00 closed 120 s ago
-    assert [(c.hour, c.merged_files, c.rows_in, c.rows_out) for c in done] == [
+    assert all(isinstance(c, Compacted) for c in done)
+    assert [(c.hour, c.merged_files, c.rows_in, c.rows_out) for c in done] == [  # type: ignore[attr-defined]
         ("2026-01-01T00", 4, 4, 3)
     ]
     files = {hour: len(part_files(d)) for hour, d in hour_dirs(tmp_path).items()}
     assert files == {"2026-01-01T00": 1, "2026-01-01T01": 3}
     assert _count(tmp_path, "graded") == 6 and _count(tmp_path, "graded_raw") == 6
-    assert isinstance(sink.writer, LakeWriter)
+    assert isinstance(sink.lake, ParquetLake)
 
 
 class _Stream:

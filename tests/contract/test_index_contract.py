@@ -1,26 +1,26 @@
-"""Contract tests of the KV-cache index (predictor/index.py), by hand and against a model.
-
-The model (``ModelFleet``) is the brute-force reading of the spec: per worker a dict
-engine hash → prefix (the tuple of all tokens from the start of the chain) and a dict
-(prefix, tier) → physical copies, walked per worker at lookup. It never hashes anything,
-so it checks the index's own content hash as well as its bookkeeping.
-"""
+"""The index contract (house rule 5): the behaviour every backend of
+:class:`~foretoken.core.index.protocol.Index` must show, run against each of them
+(``INDEX_BACKENDS``), by hand here and against a brute-force model in
+``test_index_model.py``."""
 
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-import hypothesis.strategies as st
 import numpy as np
 import pytest
-import xxhash
-from hypothesis import HealthCheck, given, settings
 
-from foretoken.core.index.prefix import TIERS, CacheHit, PrefixIndex
+from foretoken.core.index.protocol import (
+    INDEX_BACKENDS,
+    Index,
+    IndexBackend,
+    make_index,
+    restore_index,
+)
+from foretoken.core.index.state import CacheHit
 from foretoken.core.types import EngineBlockHash, ModelName, WorkerId
 from foretoken.wire.records import (
     AllCleared,
@@ -31,6 +31,23 @@ from foretoken.wire.records import (
     KvEventBatch,
     Tier,
 )
+
+
+@pytest.fixture(autouse=True, params=INDEX_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[IndexBackend]:
+    """Every test here runs against every backend of the index."""
+    global _BACKEND
+    _BACKEND = request.param
+    yield request.param
+    _BACKEND = INDEX_BACKENDS[0]
+
+
+_BACKEND: IndexBackend = INDEX_BACKENDS[0]
+
+
+def new_index() -> Index:
+    return make_index(_BACKEND)
+
 
 M = ModelName("m")
 BS = 2
@@ -75,8 +92,8 @@ def tokens_of(hit: CacheHit) -> dict[str, int]:
     return {tier: n for tier, n in hit.by_tier().items() if n}
 
 
-def fresh(*workers: str, block_size: int = BS, **flags: object) -> PrefixIndex:
-    index = PrefixIndex()
+def fresh(*workers: str, block_size: int = BS, **flags: object) -> Index:
+    index = new_index()
     for worker in workers:
         index.register_worker(WorkerId(worker), M, block_size, **flags)
     return index
@@ -247,7 +264,7 @@ def test_every_worker_of_the_model_is_reported() -> None:
 
 
 def test_several_block_sizes_in_one_model() -> None:
-    index = PrefixIndex()
+    index = new_index()
     index.register_worker(WorkerId("small"), M, 2)
     index.register_worker(WorkerId("large"), M, 4)
     prompt = toks(4, size=2)
@@ -342,10 +359,11 @@ def test_more_than_64_workers() -> None:
     assert WorkerId("w69") not in index.lookup(M, prompt)
 
 
-def test_hashes_do_not_depend_on_the_process_hash_seed() -> None:
+def test_hashes_do_not_depend_on_the_process_hash_seed(backend: IndexBackend) -> None:
     code = (
-        "from foretoken.core.index.prefix import PrefixIndex; "
-        "print(PrefixIndex().hash_prompt('m', 4, list(range(64)), lora_name='x').tolist())"
+        "from foretoken.core.index.protocol import make_index; "
+        f"print(make_index({backend!r}).hash_prompt('m', 4, list(range(64)), lora_name='x')"
+        ".tolist())"
     )
     outputs = set()
     for seed in ("1", "2"):
@@ -375,7 +393,7 @@ def test_snapshot_restore_round_trip() -> None:
     )
     index.lookup(M, prompt, now_s=1.5)  # a pending LRU refresh of store-only worker b
     data = index.snapshot()
-    copy = PrefixIndex.restore(data)
+    copy = restore_index(data, _BACKEND)
     assert copy.snapshot() == data
     assert copy.lookup(M, prompt) == index.lookup(M, prompt)
     assert copy.stats() == index.stats()
@@ -386,220 +404,7 @@ def test_snapshot_restore_round_trip() -> None:
     assert copy.snapshot() == index.snapshot()
 
 
-# --------------------------------------------------------------------------- model
-
-# Documents of blocks (BS tokens each) whose tokens are unique per (document, position)
-# except where documents share a prefix: D1 shares 2 blocks with D0, D2 shares 4.
-DOCS = [
-    [(100 + 2 * i, 101 + 2 * i) for i in range(6)],
-    [(100 + 2 * i, 101 + 2 * i) for i in range(2)] + [(300 + 2 * i, 301 + 2 * i) for i in range(4)],
-    [(100 + 2 * i, 101 + 2 * i) for i in range(4)] + [(500 + 2 * i, 501 + 2 * i) for i in range(2)],
-    [(700 + 2 * i, 701 + 2 * i) for i in range(6)],
-]
-WORKERS = {"a": (0, False), "b": (1, True), "c": (0, False)}  # name: (engine hash seed, eagle)
-MEDIA: tuple[Tier, ...] = ("GPU", "CPU", "DISK")
-STORE_MEDIA: tuple[Tier, ...] = ("GPU", "GPU", "GPU", "CPU", "DISK")
-
-
-def engine_hash(worker: str, doc: int, block: int) -> int:
-    seed = WORKERS[worker][0]
-    prefix = tuple(t for blk in DOCS[doc][: block + 1] for t in blk)
-    return xxhash.xxh3_64_intdigest(repr((seed, prefix)).encode())
-
-
-class ModelWorker:
-    def __init__(self) -> None:
-        self.emap: dict[int, tuple[int, ...]] = {}
-        self.copies: dict[tuple[tuple[int, ...], str], int] = {}
-
-    def holds(self, prefix: tuple[int, ...]) -> bool:
-        return any(self.copies.get((prefix, t), 0) for t in TIERS)
-
-    def forget(self, prefix: tuple[int, ...]) -> None:
-        for tier in TIERS:
-            self.copies.pop((prefix, tier), None)
-
-    def store(self, event: BlockStored) -> None:
-        if not event.token_ids:
-            for h in event.block_hashes:
-                if h in self.emap:
-                    key = (self.emap[h], event.medium)
-                    self.copies[key] = self.copies.get(key, 0) + 1
-            return
-        parent = event.parent_block_hash
-        prefix = self.emap.get(parent, ()) if parent is not None else ()
-        for i, h in enumerate(event.block_hashes):
-            prefix = prefix + tuple(event.token_ids[i * BS : (i + 1) * BS])
-            old = self.emap.get(h)
-            if old is not None and old != prefix:
-                self.forget(old)
-            self.emap[h] = prefix
-            self.copies[(prefix, event.medium)] = self.copies.get((prefix, event.medium), 0) + 1
-
-    def remove(self, event: BlockRemoved) -> None:
-        for h in event.block_hashes:
-            prefix = self.emap.get(h)
-            key = (prefix, event.medium)
-            if prefix is None or not self.copies.get(key):
-                continue
-            self.copies[key] -= 1  # type: ignore[index]
-            if not self.copies[key]:  # type: ignore[index]
-                del self.copies[key]
-            if not self.holds(prefix):
-                del self.emap[h]
-
-    def clear(self, medium: str | None) -> None:
-        self.copies = {
-            k: v for k, v in self.copies.items() if medium is not None and k[1] != medium
-        }
-        self.emap = {h: p for h, p in self.emap.items() if self.holds(p)}
-
-    def hit(self, prompt: Sequence[int], eagle: bool) -> dict[str, int]:
-        per_tier = dict.fromkeys(TIERS, 0)
-        best_tiers = []
-        for k in range(len(prompt) // BS):
-            held = [t for t in TIERS if self.copies.get((tuple(prompt[: (k + 1) * BS]), t))]
-            if not held:
-                break
-            best_tiers.append(held[0])
-        if eagle and best_tiers:
-            best_tiers.pop()
-        for tier in best_tiers:
-            per_tier[tier] += BS
-        return {t: n for t, n in per_tier.items() if n}
-
-
-store_op = st.tuples(
-    st.just("store"),
-    st.sampled_from(sorted(WORKERS)),
-    st.integers(0, len(DOCS) - 1),
-    st.integers(0, 5),
-    st.integers(1, 6),
-    st.sampled_from(STORE_MEDIA),
-    st.sampled_from(["parent", "parent", "root"]),
-)
-# Removals and tier moves pick engine hashes the model knows (by rank; -1: an unknown one).
-picks = st.lists(st.integers(-1, 40), min_size=1, max_size=3, unique=True)
-remove_op = st.tuples(
-    st.just("remove"), st.sampled_from(sorted(WORKERS)), picks, st.integers(0, len(MEDIA))
-)
-move_op = st.tuples(
-    st.just("move"), st.sampled_from(sorted(WORKERS)), picks, st.sampled_from(MEDIA)
-)
-clear_op = st.tuples(
-    st.just("clear"), st.sampled_from(sorted(WORKERS)), st.sampled_from([None, *MEDIA])
-)
-reset_op = st.tuples(st.just("reset"), st.sampled_from(sorted(WORKERS)))
-OPS = {
-    "store": store_op,
-    "remove": remove_op,
-    "move": move_op,
-    "clear": clear_op,
-    "reset": reset_op,
-}
-KINDS = ["store"] * 6 + ["remove"] * 5 + ["move"] * 2 + ["clear", "reset"]
-ops_strategy = st.lists(st.sampled_from(KINDS).flatmap(OPS.__getitem__), min_size=5, max_size=50)
-
-
-def picked_hashes(model: ModelWorker, ranks: list[int]) -> list[int]:
-    known = sorted(model.emap)
-    return [known[r % len(known)] if known and r >= 0 else 12345 + r for r in ranks]
-
-
-def to_event(op: tuple, fleet: dict[str, ModelWorker]) -> tuple[str, KvEvent]:
-    kind, worker = op[0], op[1]
-    model = fleet[worker]
-    if kind == "store":
-        _, _, doc, start, length, medium, how = op
-        stop = min(6, start + length)
-        hashes = [engine_hash(worker, doc, b) for b in range(start, stop)]
-        parent = engine_hash(worker, doc, start - 1) if how == "parent" and start else None
-        tokens = [t for blk in DOCS[doc][start:stop] for t in blk]
-        return worker, stored(hashes, tokens, parent=parent, medium=medium)
-    if kind == "move":
-        hashes = picked_hashes(model, op[2])
-        event = BlockStored(
-            block_hashes=tuple(map(EngineBlockHash, hashes)), block_size=BS, medium=op[3]
-        )
-        return worker, event
-    if kind == "remove":
-        hashes = picked_hashes(model, op[2])
-        prefix = model.emap.get(hashes[0])
-        held = [t for t in TIERS if prefix is not None and model.copies.get((prefix, t))]
-        medium = MEDIA[op[3] - 1] if op[3] or not held else held[0]
-        return worker, removed(hashes, medium)
-    if kind == "clear":
-        return worker, AllCleared(medium=op[2])
-    return worker, IndexReset(reason="test")
-
-
-def check_equal(index: PrefixIndex, fleet: dict[str, ModelWorker]) -> None:
-    for doc in DOCS:
-        prompt = [t for blk in doc for t in blk]
-        for length in (len(prompt), 7, 3):
-            hits = index.lookup(M, prompt[:length])
-            for worker, (_, eagle) in WORKERS.items():
-                assert tokens_of(hits[WorkerId(worker)]) == fleet[worker].hit(
-                    prompt[:length], eagle
-                )
-    for worker, model in fleet.items():
-        blocks = index.stats()["workers"][worker]["blocks"]  # type: ignore[index]
-        for tier in TIERS:
-            assert blocks[tier] == sum(1 for (_, t) in model.copies if t == tier)
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=ops_strategy)
-def test_index_agrees_with_the_brute_force_model(ops: list[tuple]) -> None:
-    run_against_model(ops)
-
-
-def run_against_model(ops: list[tuple]) -> None:
-    index = PrefixIndex()
-    for worker, (_, eagle) in WORKERS.items():
-        index.register_worker(WorkerId(worker), M, BS, eagle=eagle)
-    fleet = {worker: ModelWorker() for worker in WORKERS}
-    for seq, op in enumerate(ops):
-        worker, event = to_event(op, fleet)
-        index.apply(batch(worker, event, seq=seq), float(seq))
-        model = fleet[worker]
-        if isinstance(event, BlockStored):
-            model.store(event)
-        elif isinstance(event, BlockRemoved):
-            model.remove(event)
-        else:
-            model.clear(event.medium if isinstance(event, AllCleared) else None)
-        check_equal(index, fleet)
-    copy = PrefixIndex.restore(index.snapshot())
-    assert copy.snapshot() == index.snapshot()
-    check_equal(copy, fleet)
-
-
-def random_op(rng: random.Random) -> tuple:
-    """One op of the same shapes as ``ops_strategy``, for long seeded walks."""
-    kind = rng.choice(["clear", "reset"]) if rng.random() < 0.03 else rng.choice(KINDS[:-2])
-    worker = rng.choice(sorted(WORKERS))
-    ranks = rng.sample(range(-1, 41), rng.randint(1, 3))
-    if kind == "store":
-        how = rng.choice(["parent", "parent", "root"])
-        doc, start, length = rng.randrange(len(DOCS)), rng.randrange(6), rng.randint(1, 6)
-        return (kind, worker, doc, start, length, rng.choice(STORE_MEDIA), how)
-    if kind == "remove":
-        return (kind, worker, ranks, rng.choice([0, 0, 0, 1, 2, 3]))
-    if kind == "move":
-        return (kind, worker, ranks, rng.choice(MEDIA))
-    if kind == "clear":
-        return (kind, worker, rng.choice([None, *MEDIA]))
-    return (kind, worker)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_long_random_walks_agree_with_the_model(seed: int) -> None:
-    rng = random.Random(seed)
-    run_against_model([random_op(rng) for _ in range(600)])
-
-
 @pytest.mark.parametrize("bad", [0, -1])
 def test_register_rejects_bad_block_sizes(bad: int) -> None:
     with pytest.raises(ValueError, match="block_size"):
-        PrefixIndex().register_worker(WorkerId("a"), M, bad)
+        new_index().register_worker(WorkerId("a"), M, bad)
