@@ -105,6 +105,18 @@ class SchedulerSettings(msgspec.Struct, kw_only=True, frozen=True):
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
 
+class EngineReport(msgspec.Struct, kw_only=True, frozen=True):
+    """How an engine says it runs: the part of its description that an engines file and a
+    simulated fleet file share (each adds where the engine is, or its hidden truth)."""
+
+    engine: str = "vllm"
+    engine_version: str = "unknown"
+    block_size: int = 16
+    scheduler: SchedulerSettings = SchedulerSettings()
+    kv_hash_algo: str = "sha256_cbor"
+    eagle: bool = False
+
+
 class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True):
     """What a worker (one engine replica) says about itself: everything the predictor may
     know of it. ``removed`` retires it. (The wire's registration adds its endpoints.)"""

@@ -48,6 +48,7 @@ import msgspec
 
 from foretoken.core.types import (
     U64_MASK,
+    EngineReport,
     ModelName,
     SchedulerSettings,
     Tier,
@@ -154,18 +155,13 @@ class KvCapacity(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
         return tuple(tiers)
 
 
-class EngineSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+class EngineSpec(EngineReport, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One simulated engine: what it reports about itself, plus its hidden ``truth``."""
 
     id: WorkerId
     model: ModelName
-    engine: str = "vllm"
     engine_version: str = "0.11.0-sim"
-    block_size: int = 16
     kv: KvCapacity
-    scheduler: SchedulerSettings = SchedulerSettings()
-    kv_hash_algo: str = "sha256_cbor"
-    eagle: bool = False
     # Seeds the engine's block-hash chain (vLLM's NONE_HASH); None = derived from the id.
     hash_seed: int | None = None
     truth: TruthSpec

@@ -49,33 +49,28 @@ from typing import Literal
 
 import msgspec
 
-from foretoken.core.types import ModelName, WorkerId
-from foretoken.wire.records import SchedulerSettings, Tier, WorkerEndpoints, WorkerRegistration
+from foretoken.core.types import EngineReport, ModelName, WorkerId
+from foretoken.wire.records import Tier, WorkerEndpoints, WorkerRegistration
 
 EngineKind = Literal["vllm", "sglang", "llamacpp"]
 
 
-class EngineConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_fields=True):
     worker_id: str
     model: str
     engine: EngineKind = "vllm"
-    engine_version: str = "unknown"
-    block_size: int = 16
     http_url: str
     kv_events_url: str | None = None
     replay_url: str | None = None
     metrics_url: str | None = None
     kv_topic: str = ""
     tiers: tuple[Tier, ...] = ("GPU",)
-    eagle: bool = False
-    kv_hash_algo: str = "sha256_cbor"
     # False: the engine publishes no KV events (llama.cpp, TGI, vLLM without
     # --kv-events-config); the index then credits it approximately from routed prompts.
     kv_events: bool = True
     # The engine reports usage.prompt_tokens_details.cached_tokens (and omits it on a miss).
     reports_cached_tokens: bool = True
     gpu_blocks: int | None = None
-    scheduler: SchedulerSettings = SchedulerSettings()
     # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
     tokenizer: str | None = None
 
