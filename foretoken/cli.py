@@ -108,11 +108,26 @@ def topics_create(config: str | None = ConfigOpt) -> None:
 
 
 @app.command()
-def worker(config: str | None = ConfigOpt) -> None:
+def worker(
+    config: str | None = ConfigOpt,
+    role: str | None = typer.Option(
+        None,
+        help="primary (default: grading, lake, snapshots) or route (a read replica "
+        "answering /v1/route); else worker.role / FORETOKEN_ROLE.",
+    ),
+) -> None:
     """Run the Faust worker (agents over every input topic, /healthz, /metrics)."""
+    import msgspec
+
     from foretoken.adapters.kafka.app import run_worker
 
     settings = _settings(config)
+    if role is not None:
+        if role not in ("primary", "route"):
+            console.print(f"[red]error:[/red] --role must be primary or route, not {role!r}")
+            raise typer.Exit(2)
+        worker_settings = msgspec.structs.replace(settings.worker, role=role)
+        settings = msgspec.structs.replace(settings, worker=worker_settings)
     sys.argv = [sys.argv[0]]  # Faust's worker reads argv; ours is already parsed
     run_worker(settings)
 
@@ -294,9 +309,19 @@ def bench_predict(quick: bool = typer.Option(False, help="A few hundred requests
 
 
 @bench_app.command("route")
-def bench_route(quick: bool = typer.Option(False, help="100 requests/s, short windows.")) -> None:
+def bench_route(
+    quick: bool = typer.Option(False, help="100 requests/s, short windows."),
+    replicas: int = typer.Option(1, help="2: one route replica against two, side by side."),
+) -> None:
     """Route service latency over HTTP at 500 requests/s (32k-token prompts, 16 workers)."""
-    _bench(["route"], quick)
+    if replicas == 1:
+        _bench(["route"], quick)
+        return
+    import json
+
+    from foretoken.bench.run import run_one
+
+    print(json.dumps(run_one("route", quick, replicas=replicas)))
 
 
 @bench_app.command("lake")

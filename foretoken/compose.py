@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.grading.join import GradingJoin, JoinConfig
 from foretoken.core.index.approx import ApproxCacheConfig, index_params
@@ -59,6 +61,19 @@ class ProcessorCore:
                     store_only_ttl_s=ttl_s, capacity_blocks=capacity,
                 )  # fmt: skip
         self.service.on_registration(profile)
+
+    def use_index(self, index: Index) -> None:
+        """Another index from now on (a route replica re-reading the latest snapshot)."""
+        self.index = index
+        self.service.use_index(index)
+
+    def forget_worker(self, worker: WorkerId) -> None:
+        """A worker of a model this process no longer owns (sharded): out of the directory
+        and the route service's book; its fits stay (they are small, and come back)."""
+        self.directory.pop(worker, None)
+        profile = self.service.book.profiles.get(worker)
+        if profile is not None:
+            self.service.book.apply(msgspec.structs.replace(profile, removed=True))
 
     def block_size_of(self, worker: WorkerId) -> int | None:
         profile = self.directory.get(worker)

@@ -71,17 +71,24 @@ class TopicNames(msgspec.Struct, kw_only=True, frozen=True):
     graded: str = "graded"
     dead_letter: str = "dead-letter"
     controls: str = "controls"
+    # Who runs where (compacted, keyed by instance id): each processor's role, URL, owned
+    # partitions and readiness (adapters/kafka/members.py); routers may discover from it.
+    members: str = "members"
 
 
 class TopicLayout(msgspec.Struct, kw_only=True, frozen=True):
     partitions: int = 4
     replication_factor: int = 1
     # Compacted topics keep the newest record per key forever (worker registrations).
-    compacted: tuple[str, ...] = ("workers",)
+    compacted: tuple[str, ...] = ("workers", "members")
     retention_ms: int = 24 * 3600 * 1000
 
 
 class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
+    # "primary": the processor (route service, grading join, lake sink, snapshots, controls
+    # events); "route": a read replica answering /v1/route from the same state, emitting
+    # nothing (docs/ARCHITECTURE.md "Scale-out").
+    role: Literal["primary", "route"] = "primary"
     app_id: str = "foretoken"
     web_host: str = "127.0.0.1"
     web_port: int = 6066
@@ -101,6 +108,28 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     # tokens per worker when its registration gives no gpu_blocks.
     approx_cache_ttl_s: float = 300.0
     approx_cache_default_tokens: int = 65_536
+    # This process among the members (its route replica's consumer group, its members
+    # record); empty = <host>-<web_port>.
+    instance_id: str = ""
+    # The URL others reach this processor at (members record, forwarding); empty =
+    # http://<web_host or 127.0.0.1>:<web_port>.
+    advertise_url: str = ""
+    # Where the primary writes its snapshots (index + offsets, fits) and route replicas
+    # read the latest one; empty = the primary's data directory (for a replica: the default
+    # one, <state_dir>/worker/<app_id>).
+    snapshot_dir: str = ""
+    # A route replica is ready (/healthz 200) once every input topic's lag (records between
+    # what it applied and the end of its partitions) is at most this.
+    ready_lag_records: int = 500
+    # Past readiness, it reports "lagging" (503) when the lag stays above the bound this long.
+    lagging_after_s: float = 10.0
+    # How often the lag (end offsets) is measured.
+    lag_interval_s: float = 0.5
+    # A replica replays grants and outcomes from this far back (Kafka offsets for times), so
+    # that the requests still in flight are in its queue models.
+    catch_up_horizon_s: float = 300.0
+    # The members record is refreshed this often; one older than 3 intervals is gone.
+    member_interval_s: float = 1.0
 
 
 class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -108,6 +137,16 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     port: int = 8000
     # The route service (on the Faust worker); empty = the worker's own web address.
     route_url: str = ""
+    # Several route services (read replicas, shards): each request goes to a ready one,
+    # fails over to the next within route_timeout_s, then to the fallback policy
+    # (adapters/http/route_client.py). Empty = route_url alone.
+    route_urls: tuple[str, ...] = ()
+    # Also discover route services from the members topic (role route, ready, alive).
+    route_members: bool = False
+    # How often each route service's /healthz is checked.
+    route_health_interval_s: float = 1.0
+    # Bind with SO_REUSEPORT, so several router processes share one port (Linux).
+    reuse_port: bool = False
     # Past this the router decides alone (fallback policy) and marks the grant `fallback`.
     route_timeout_s: float = 0.25
     # After a failed route call, use the fallback for this long before asking again.
@@ -163,6 +202,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     cache_dir: str = "~/.cache/foretoken"
     # Where the traces live (empty: the ones shipped in the repository, data/traces).
     traces_dir: str = ""
+    # "model": kv-events, grants, outcomes, graded and workers are partitioned by a stable
+    # hash of the model (the key stays the worker or request id), and route-role processors
+    # sharing one consumer group each own the models of their partitions.
+    sharding: Literal["none", "model"] = "none"
 
     def __post_init__(self) -> None:
         """Rules that span fields (each message names its keys)."""
@@ -184,6 +227,13 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
             )
         if self.layout.partitions < 1 or self.layout.replication_factor < 1:
             raise ValueError("layout.partitions and layout.replication_factor must be >= 1")
+        if w.ready_lag_records < 0 or min(w.lag_interval_s, w.member_interval_s) <= 0:
+            raise ValueError("worker.ready_lag_records must be >= 0, worker.lag_interval_s "
+                             "and worker.member_interval_s > 0")  # fmt: skip
+        if w.catch_up_horizon_s <= 0 or w.lagging_after_s <= 0:
+            raise ValueError("worker.catch_up_horizon_s and worker.lagging_after_s must be > 0")
+        if r.route_health_interval_s <= 0:
+            raise ValueError("router.route_health_interval_s must be > 0")
         unknown = set(self.layout.compacted) - set(self.topics.__struct_fields__)
         if unknown:
             raise ValueError(f"layout.compacted names unknown topics: {sorted(unknown)}")
@@ -204,6 +254,44 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
         return f"http://{host}:{self.worker.web_port}"
 
     @property
+    def route_urls(self) -> list[str]:
+        """The route services a router asks (``router.route_urls``, else the one)."""
+        urls = [u.rstrip("/") for u in self.router.route_urls if u]
+        return urls or [self.route_url]
+
+    @property
+    def instance_id(self) -> str:
+        import socket
+
+        return self.worker.instance_id or f"{socket.gethostname()}-{self.worker.web_port}"
+
+    @property
+    def advertise_url(self) -> str:
+        if self.worker.advertise_url:
+            return self.worker.advertise_url.rstrip("/")
+        host = self.worker.web_host if self.worker.web_host != "0.0.0.0" else "127.0.0.1"
+        return f"http://{host}:{self.worker.web_port}"
+
+    @property
+    def group_id(self) -> str:
+        """The processor's consumer group (and Faust app id): the primary's is the app id;
+        a route replica has one of its own, route instances sharded by model share one."""
+        if self.worker.role == "primary":
+            return self.worker.app_id
+        if self.sharding == "model":
+            return f"{self.worker.app_id}-route"
+        return f"{self.worker.app_id}-route-{self.instance_id}"
+
+    @property
+    def snapshot_path(self) -> Path:
+        """The directory of the primary's snapshots (index + offsets, fits)."""
+        if self.worker.snapshot_dir:
+            return Path(self.worker.snapshot_dir).expanduser().resolve()
+        if self.worker.role == "primary":
+            return self.worker_data_path
+        return (self.state_path / "worker" / self.worker.app_id).resolve()
+
+    @property
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser()
 
@@ -212,6 +300,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
         """The worker's data directory (snapshots, Faust's files), absolute."""
         if self.worker.data_dir:
             return Path(self.worker.data_dir).expanduser().resolve()
+        if self.worker.role == "route":  # one per process, also when shards share a group
+            name = f"{self.worker.app_id}-route-{self.instance_id}"
+            return (self.state_path / "worker" / name).resolve()
         return (self.state_path / "worker" / self.worker.app_id).resolve()
 
     @property
@@ -239,6 +330,16 @@ ENV_VARS: dict[str, str] = {
     "FORETOKEN_ROUTER_PORT": "router.port",
     "FORETOKEN_ROUTE_URL": "router.route_url",
     "FORETOKEN_ROUTE_TIMEOUT_S": "router.route_timeout_s",
+    "FORETOKEN_ROUTE_URLS": "router.route_urls",
+    "FORETOKEN_ROUTE_MEMBERS": "router.route_members",
+    "FORETOKEN_ROUTER_REUSE_PORT": "router.reuse_port",
+    "FORETOKEN_ROLE": "worker.role",
+    "FORETOKEN_INSTANCE_ID": "worker.instance_id",
+    "FORETOKEN_ADVERTISE_URL": "worker.advertise_url",
+    "FORETOKEN_SNAPSHOT_DIR": "worker.snapshot_dir",
+    "FORETOKEN_READY_LAG_RECORDS": "worker.ready_lag_records",
+    "FORETOKEN_CATCH_UP_HORIZON_S": "worker.catch_up_horizon_s",
+    "FORETOKEN_SHARDING": "sharding",
     "FORETOKEN_STATE_DIR": "state_dir",
     "FORETOKEN_CACHE_DIR": "cache_dir",
     "FORETOKEN_TRACES_DIR": "traces_dir",
@@ -308,6 +409,21 @@ def _check_known(tree: dict[str, Any], kind: Any, prefix: str = "") -> None:
             _check_known(value, sub, f"{path}.")
 
 
+def _env_value(dotted: str, value: str) -> Any:
+    """A variable's text as the setting takes it: a list setting is comma-separated."""
+    import typing
+
+    kind: Any = Settings
+    for part in dotted.split("."):
+        fields = _fields_of(kind)
+        if fields is None or part not in fields:
+            return value
+        kind = fields[part]
+    if typing.get_origin(kind) in (tuple, list):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
 def _generic_env(env: Mapping[str, str]) -> dict[str, str]:
     """``FORETOKEN__A__B=value`` → ``{"a.b": value}`` (every setting has such a variable)."""
     out: dict[str, str] = {}
@@ -343,11 +459,11 @@ def load_settings_with_sources(
             raise SettingsError(f"cannot read settings file {file}: {exc}") from exc
         sources.update(dict.fromkeys(_flatten(tree), f"file {file}"))
     for dotted, value in _generic_env(env).items():
-        _set_path(tree, dotted, value)
+        _set_path(tree, dotted, _env_value(dotted, value))
         sources[dotted] = f"env {GENERIC_ENV_PREFIX}{dotted.upper().replace('.', '__')}"
     for var, dotted in ENV_VARS.items():
         if env.get(var):
-            _set_path(tree, dotted, env[var])
+            _set_path(tree, dotted, _env_value(dotted, env[var]))
             sources[dotted] = f"env {var}"
     if env.get("KAFKA_BOOTSTRAP_SERVERS"):
         _set_path(tree, "kafka.external", True)

@@ -347,7 +347,12 @@ def replay_vs_walk(depths: tuple[int, ...] = (4, 16, 64), calls: int = 200) -> d
     return out
 
 
-def run(quick: bool, *, rate: float | None = None, seconds: float | None = None) -> dict[str, Any]:
+def run(quick: bool, *, rate: float | None = None, seconds: float | None = None,
+        replicas: int = 1) -> dict[str, Any]:  # fmt: skip
+    if replicas > 1:  # one route replica against two, side by side (route_replicas.py)
+        from foretoken.bench.route_replicas import run_replicas
+
+        return run_replicas(quick, replicas, seconds=seconds)
     rates = [rate] if rate else list(QUICK_RATES if quick else RATES)
     seconds = seconds or (2.0 if quick else 5.0)
     rounds = 1 if quick else 2
@@ -397,8 +402,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rate", type=float)
     parser.add_argument("--seconds", type=float)
+    parser.add_argument("--replicas", type=int, default=1, help="2: one replica against two")
     args = parser.parse_args()
-    print(json.dumps(run(args.quick, rate=args.rate, seconds=args.seconds), indent=2))
+    result = run(args.quick, rate=args.rate, seconds=args.seconds, replicas=args.replicas)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ def test_defaults_work_on_a_laptop() -> None:
     assert s.topic("kv_events") == "kv-events"
     assert set(s.all_topics()) == {
         "workers", "kv_events", "grants", "outcomes", "graded", "dead_letter", "controls",
+        "members",
     }  # fmt: skip
 
 
@@ -101,3 +102,23 @@ def test_config_show_names_where_each_value_came_from(tmp_path: Path) -> None:
     assert rows["worker.web_port"] == (7001, "env FORETOKEN_WEB_PORT")
     assert rows["fits.default_b"] == (1e-9, "env FORETOKEN__FITS__DEFAULT_B")
     assert rows["predictor.explore_fraction"] == (0.02, "default")
+
+
+def test_scale_out_settings_from_the_environment() -> None:
+    s = load_settings(env={
+        "FORETOKEN_ROUTE_URLS": "http://a:1, http://b:2/", "FORETOKEN_ROLE": "route",
+        "FORETOKEN_INSTANCE_ID": "r1", "FORETOKEN_APP_ID": "app", "FORETOKEN_SHARDING": "model",
+    })  # fmt: skip
+    assert s.route_urls == ["http://a:1", "http://b:2"]  # a list variable: comma-separated
+    assert s.worker.role == "route" and s.sharding == "model"
+    assert s.group_id == "app-route"  # shards share one group (Kafka splits the partitions)
+    assert s.worker_data_path.name == "app-route-r1"  # each process its own data
+    assert s.snapshot_path.name == "app"  # a replica reads the primary's snapshots
+    replica = load_settings(env={"FORETOKEN_ROLE": "route", "FORETOKEN_INSTANCE_ID": "r1",
+                                 "FORETOKEN_APP_ID": "app"})  # fmt: skip
+    assert replica.group_id == "app-route-r1"  # a read replica: a group of its own
+    primary = load_settings(env={"FORETOKEN_APP_ID": "app"})
+    assert primary.group_id == "app" and primary.route_urls == [primary.route_url]
+    assert primary.snapshot_path == primary.worker_data_path
+    with pytest.raises(SettingsError, match="role"):
+        load_settings(env={"FORETOKEN_ROLE": "secondary"})

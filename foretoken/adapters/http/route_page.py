@@ -17,10 +17,14 @@ _encoder = msgspec.json.Encoder()
 
 
 def answer_route(
-    core: ProcessorCore, endpoints: dict[WorkerId, WorkerRegistration], body: bytes, now_s: float
+    core: ProcessorCore,
+    endpoints: dict[WorkerId, WorkerRegistration],
+    body: bytes | RouteRequest,
+    now_s: float,
 ) -> bytes:
-    """The JSON answer to one route request (``DecodeError`` on a malformed one)."""
-    request = decode(body, RouteRequest)
+    """The JSON answer to one route request, given as its body (``DecodeError`` on a
+    malformed one) or decoded."""
+    request = body if isinstance(body, RouteRequest) else decode(body, RouteRequest)
     decided = core.service.route(request.query(), now_s, now_s)
     url = None
     if decided.admitted and decided.worker_id is not None:

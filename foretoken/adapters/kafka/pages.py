@@ -1,27 +1,42 @@
 """The processor's web pages (served by Faust's web server on ``worker.web_port``):
-``/healthz /metrics /v1/stats /v1/config /v1/route /v1/cache/{model} /v1/fits /v1/controls``."""
+``/healthz /metrics /v1/stats /v1/config /v1/route /v1/cache/{model} /v1/fits /v1/controls``.
+
+``/healthz`` is the readiness a router checks (:mod:`foretoken.adapters.kafka.lag`: a route
+replica answers 503 while it catches up). ``/v1/route`` on a route instance sharded by model
+forwards a request for a model it does not own to the owner (from the ``members`` topic),
+once: a forwarded request that still lands on a non-owner gets 421, one with no owner known
+503 (the router then tries another route service, then decides alone).
+"""
 
 from __future__ import annotations
 
 import time
 
+import aiohttp
 import faust
 import msgspec
 from faust.web import Request, Response, View
 
-from foretoken import __version__
 from foretoken.adapters.kafka.metrics import PROMETHEUS_CONTENT_TYPE
 from foretoken.adapters.kafka.processor import ProcessorState
-from foretoken.wire.codec import DecodeError
+from foretoken.wire.codec import DecodeError, decode
+from foretoken.wire.route_rpc import RouteRequest
+
+FORWARDED_HEADER = "x-foretoken-forwarded"
+FORWARD_TIMEOUT_S = 5.0
 
 
 def add_pages(app: faust.App, state: ProcessorState) -> None:
+    sessions: list[aiohttp.ClientSession] = []
+
     @app.page("/healthz")
     async def healthz(self: View, request: Request) -> Response:
-        return self.json({"status": "ok", "version": __version__})
+        status, body = state.health()
+        return self.json(body, status=status)
 
     @app.page("/metrics")
     async def metrics(self: View, request: Request) -> Response:
+        state.metrics.observe_state(state.health()[1], state.memory())
         return self.bytes(state.metrics.render(), content_type=PROMETHEUS_CONTENT_TYPE)
 
     @app.page("/v1/stats")
@@ -35,11 +50,36 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
     @app.page("/v1/route")
     class RoutePage(View):
         async def post(self, request: Request) -> Response:
+            raw = await request.read()
             try:
-                body = state.route(await request.read())
+                route = decode(raw, RouteRequest)
             except DecodeError as exc:
                 return self.json({"error": exc.reason}, status=400)
-            return self.bytes(body, content_type="application/json")
+            if not state.owns(route.model):
+                return await self._forward(request, raw, state.owner_of(route.model))
+            return self.bytes(state.route(route), content_type="application/json")
+
+        async def _forward(self, request: Request, raw: bytes, owner: object) -> Response:
+            url = getattr(owner, "url", None)
+            if request.headers.get(FORWARDED_HEADER) or url is None:
+                status = 421 if request.headers.get(FORWARDED_HEADER) else 503
+                return self.json({"error": "not the owner of this model, and no owner "
+                                  "known" if url is None else "forwarded to a non-owner"},
+                                 status=status)  # fmt: skip
+            if not sessions:
+                sessions.append(aiohttp.ClientSession())
+            state.forwarded += 1
+            try:
+                async with sessions[0].post(
+                    f"{url}/v1/route", data=raw,
+                    headers={"Content-Type": request.headers.get("Content-Type", ""),
+                             FORWARDED_HEADER: state.settings.instance_id},
+                    timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S),
+                ) as resp:  # fmt: skip
+                    body = await resp.read()
+                    return self.bytes(body, content_type="application/json", status=resp.status)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return self.json({"error": f"owner {url} unreachable: {exc}"}, status=503)
 
     @app.page("/v1/controls")
     async def controls(self: View, request: Request) -> Response:

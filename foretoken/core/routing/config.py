@@ -30,6 +30,11 @@ class PredictorConfig:
     tier_load_s_per_token: dict[str, float] = field(default_factory=_tier_load_costs)
     # The learner rule stands aside when more than 1/this of a prompt is cached elsewhere.
     learner_max_cached_share: int = 2
+    # Several route replicas (docs/ARCHITECTURE.md "Scale-out"): among the candidates within
+    # this many seconds of the best, replica i of n prefers the workers it owns (every n-th
+    # of the model's workers by id), so replicas deciding at once spread over near-ties
+    # instead of herding onto one idle worker. 0 = off; a single replica never uses it.
+    replica_tie_margin_s: float = 0.1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -37,6 +42,8 @@ class PredictorConfig:
             raise ValueError(f"explore_fraction must be within [0, 1], got {self.explore_fraction}")
         if not 0 < self.min_retry_after_s <= self.max_retry_after_s:
             raise ValueError("need 0 < min_retry_after_s <= max_retry_after_s")
+        if self.replica_tie_margin_s < 0:
+            raise ValueError("replica_tie_margin_s must be >= 0")
         if self.overload_wait_s <= 0 or self.outstanding_max_age_s <= 0:
             raise ValueError("overload_wait_s and outstanding_max_age_s must be > 0")
         if self.default_output_tokens < 1 or self.learner_max_cached_share < 1:

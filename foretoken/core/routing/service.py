@@ -63,6 +63,7 @@ class RouteService:
         self.decider = Decider(self.config, controls, self.book, self.fits)
         self.learner = Learner(index, self.fits, self.book, self.config)
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
+        self.overruled = 0  # our decisions another one replaced (see _withdraw_overruled)
 
     # ------------------------------------------------------------------ observations
 
@@ -75,9 +76,33 @@ class RouteService:
         arriving on ``grants``: put it in the queue model unless it is there already."""
         if self.controls is not None:
             self.controls.observe_grant(grant, now_s)
+        self._withdraw_overruled(grant, now_s)
         if grant.admitted and grant.worker_id is not None:
             self.book.enqueue(grant.worker_id, grant.request_id, grant.ts, grant.prompt_tokens,
                               grant.cached_tokens, self.config.default_output_tokens)  # fmt: skip
+
+    def _withdraw_overruled(self, grant: RouteDecision, now_s: float) -> None:
+        """Our decision for this request was not the one the router used (it timed out and
+        asked another replica, or fell back): the request never goes to the worker we put it
+        on, so it leaves that queue model now instead of haunting it until it expires."""
+        ours = self.decisions.get(grant.request_id)
+        if ours is None or ours is grant or ours.worker_id is None:
+            return
+        if grant.admitted and grant.worker_id == ours.worker_id:
+            return
+        queue = self.book.queues.get(ours.worker_id)
+        if queue is not None and queue.finished(grant.request_id, now_s):
+            self.book.alone.pop(grant.request_id, None)
+            self.learner.forget(grant.request_id)
+        self.decisions[grant.request_id] = grant
+        self.overruled += 1
+
+    def use_index(self, index: Index) -> None:
+        """Read another index from now on (a route replica restored from a newer snapshot
+        at a rebalance); the fits, queue models and decisions stay."""
+        self.index = index
+        self.predictions.index = index
+        self.learner.index = index
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         if self.controls is not None:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.adapters.http.route_client import RouteClient
 from foretoken.adapters.http.router.publisher import Publisher
 from foretoken.adapters.http.tokenizers import Tokenizers
 from foretoken.core.routing.decide import decision
@@ -78,6 +80,7 @@ class RouterState:
     # Prompt tokens and requests sent to each engine and not yet answered (the fallback).
     outstanding: dict[str, Load] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
+    route_client: RouteClient | None = None  # the route services (one, or several)
     # After a route-service failure, decide alone until then (monotonic s): a circuit breaker
     # so that an overloaded route service is not asked again and again at full timeout.
     route_down_until: float = 0.0
@@ -280,12 +283,10 @@ async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
         state.metrics.fallbacks.labels("circuit_open").inc()
         return fallback(state, p)
     reason = "error"
-    try:
-        async with state.session.post(
-            f"{state.settings.route_url}/v1/route",
-            data=msgspec.msgpack.encode(route),
-            headers={"Content-Type": "application/msgpack"},
-            timeout=aiohttp.ClientTimeout(total=cfg.route_timeout_s),
+    assert state.route_client is not None
+    try:  # to a ready route service, failing over to the next within the route timeout
+        async with state.route_client.post(
+            state.session, msgspec.msgpack.encode(route), p.model, p.conversation_id
         ) as resp:
             if resp.status == 200:
                 decided = msgspec.json.decode(await resp.read(), type=RouteResponse)
@@ -432,6 +433,8 @@ async def healthz(request: web.Request) -> web.Response:
         "buffered": state.publisher.queue.qsize(), "dropped": state.publisher.dropped,
         "published": state.publisher.published,
         "missing_topics": state.publisher.missing_topics,
+        "route_services": state.route_client.describe() if state.route_client else [],
+        "pid": os.getpid(),  # several routers may share the port (router.reuse_port)
     })  # fmt: skip
 
 
@@ -457,14 +460,17 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
     state = RouterState(settings, {e.worker_id: e for e in engines},
                         Publisher(settings, settings.router.publish_buffer),
                         tokenizers=Tokenizers(_tokenizer_paths(settings, engines)))  # fmt: skip
+    state.route_client = RouteClient(settings)
     app[STATE] = state
 
     async def on_startup(app: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         state.session = aiohttp.ClientSession(connector=connector)
+        await state.route_client.start(state.session)  # type: ignore[union-attr]
         await state.publisher.start()
 
     async def on_cleanup(app: web.Application) -> None:
+        await state.route_client.stop()  # type: ignore[union-attr]
         await state.publisher.stop()
         if state.session is not None:
             await state.session.close()
@@ -482,4 +488,4 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
 def run_router(settings: Settings, engines: list[EngineConfig], host: str, port: int) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     web.run_app(make_app(settings, engines), host=host, port=port, access_log=None,
-                print=None)  # fmt: skip
+                print=None, reuse_port=settings.router.reuse_port or None)  # fmt: skip
