@@ -170,10 +170,16 @@ mod tests {
     #[test]
     fn root_seed_follows_the_spec_bytes() {
         let mut expected = b"foretoken-root-v2\x1fsalt\x1fm\x1f16\x1f\x01lora".to_vec();
-        assert_eq!(root_seed(b"salt", "m", 16, Some("lora")), xxh3_64(&expected));
+        assert_eq!(
+            root_seed(b"salt", "m", 16, Some("lora")),
+            xxh3_64(&expected)
+        );
         expected = b"foretoken-root-v2\x1f\x1fm\x1f16\x1f\x00".to_vec();
         assert_eq!(root_seed(b"", "m", 16, None), xxh3_64(&expected));
-        assert_ne!(root_seed(b"", "m", 16, None), root_seed(b"", "m", 16, Some("")));
+        assert_ne!(
+            root_seed(b"", "m", 16, None),
+            root_seed(b"", "m", 16, Some(""))
+        );
     }
 
     #[test]
@@ -187,7 +193,10 @@ mod tests {
         assert_eq!(got, vec![b0, b1]);
         let bytes = packed(&ids);
         assert_eq!(chain(seed, Tokens::Packed(&bytes), 4, &[], None), got);
-        assert_eq!(chain(seed, Tokens::Packed(&bytes), 4, &[], Some(1)), vec![b0]);
+        assert_eq!(
+            chain(seed, Tokens::Packed(&bytes), 4, &[], Some(1)),
+            vec![b0]
+        );
     }
 
     #[test]

@@ -27,9 +27,13 @@ pub enum Event<'a> {
         group_idx: i64,
     },
     /// Clear-all, of one tier or (None) of all of them.
-    Cleared { tier: Option<usize> },
+    Cleared {
+        tier: Option<usize>,
+    },
     /// Ingest lost events: forget the worker, flag it approximate until a full clear.
-    Reset { reason: &'a str },
+    Reset {
+        reason: &'a str,
+    },
 }
 
 /// One worker's cached prefix of a prompt (tokens; `tiers` in the order of [`TIERS`], each
@@ -269,9 +273,14 @@ impl Index {
         let space = &mut self.spaces[worker.space];
         for event in events {
             match event {
-                Event::Stored(stored) => {
-                    worker.store(space, &self.salt, stored, now_s, &mut stats, &mut self.native)
-                }
+                Event::Stored(stored) => worker.store(
+                    space,
+                    &self.salt,
+                    stored,
+                    now_s,
+                    &mut stats,
+                    &mut self.native,
+                ),
                 Event::Removed {
                     hashes,
                     tier,
@@ -301,7 +310,12 @@ impl Index {
         };
         let worker = self.workers[wi].as_mut().expect("registered");
         let mut stats = ApplyStats::default();
-        let new = worker.observe_served(&mut self.spaces[worker.space], own_hashes, now_s, &mut stats);
+        let new = worker.observe_served(
+            &mut self.spaces[worker.space],
+            own_hashes,
+            now_s,
+            &mut stats,
+        );
         self.totals.add(&stats);
         new
     }
@@ -432,7 +446,12 @@ impl Index {
                     last_seq: w.last_seq.iter().map(|(&r, &s)| (r, s)).collect(),
                     blocks: w.counts,
                     engine_hashes: w.emap.len(),
-                    duplicate_copies: w.dups.iter().flat_map(|d| d.values()).map(|&n| u64::from(n)).sum(),
+                    duplicate_copies: w
+                        .dups
+                        .iter()
+                        .flat_map(|d| d.values())
+                        .map(|&n| u64::from(n))
+                        .sum(),
                     recently_removed: w.recent.len(),
                 }
             })

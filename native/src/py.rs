@@ -52,7 +52,9 @@ fn token_id(value: i64) -> PyResult<u32> {
         .map_err(|_| PyValueError::new_err(format!("token id {value} is outside 0..2^32")))
 }
 
-fn ids_from_iter<'py>(items: impl Iterator<Item = PyResult<Bound<'py, PyAny>>>) -> PyResult<Vec<u32>> {
+fn ids_from_iter<'py>(
+    items: impl Iterator<Item = PyResult<Bound<'py, PyAny>>>,
+) -> PyResult<Vec<u32>> {
     let mut out = Vec::with_capacity(items.size_hint().0);
     for item in items {
         out.push(token_id(item?.extract::<i64>()?)?);
@@ -113,7 +115,9 @@ fn extract_tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<TokenHold<'py>> {
     }
 }
 
-fn u64s_from_iter<'py>(items: impl Iterator<Item = PyResult<Bound<'py, PyAny>>>) -> PyResult<Vec<u64>> {
+fn u64s_from_iter<'py>(
+    items: impl Iterator<Item = PyResult<Bound<'py, PyAny>>>,
+) -> PyResult<Vec<u64>> {
     let mut out = Vec::with_capacity(items.size_hint().0);
     for item in items {
         out.push(item?.extract::<u64>()?);
@@ -153,7 +157,9 @@ fn extract_u64s(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
             let values = buffer.into_typed::<i64>()?.to_vec(py)?;
             return Ok(values.into_iter().map(|v| v as u64).collect());
         }
-        return Err(PyTypeError::new_err("hashes: a buffer must hold 8-byte integers"));
+        return Err(PyTypeError::new_err(
+            "hashes: a buffer must hold 8-byte integers",
+        ));
     }
     match obj.try_iter() {
         Ok(iter) => u64s_from_iter(iter),
@@ -181,7 +187,9 @@ fn extract_keys(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<u64>>> {
 
 fn tier(name: &str) -> PyResult<usize> {
     tier_index(name).ok_or_else(|| {
-        PyValueError::new_err(format!("unknown medium {name:?}, expected one of {TIERS:?}"))
+        PyValueError::new_err(format!(
+            "unknown medium {name:?}, expected one of {TIERS:?}"
+        ))
     })
 }
 
@@ -237,7 +245,10 @@ impl Raw<'_> {
             Raw::Stored(s) => Event::Stored(Stored {
                 hashes: &s.hashes,
                 parent: s.parent,
-                tokens: s.tokens.as_ref().map_or(Tokens::Ids(&[]), TokenHold::tokens),
+                tokens: s
+                    .tokens
+                    .as_ref()
+                    .map_or(Tokens::Ids(&[]), TokenHold::tokens),
                 block_size: s.block_size,
                 lora_name: s.lora_name.as_deref(),
                 tier: s.tier,
@@ -290,25 +301,51 @@ fn parse_tuple<'py>(t: &Bound<'py, PyTuple>) -> PyResult<Raw<'py>> {
                 parent: opt_u64(&t.get_item(2)?)?,
                 tokens: tokens_or_empty(&t.get_item(3)?)?,
                 block_size: t.get_item(4)?.extract()?,
-                lora_name: if n > 5 { opt_string(&t.get_item(5)?)? } else { None },
-                tier: if n > 6 { tier(t.get_item(6)?.cast::<PyString>()?.to_str()?)? } else { 0 },
+                lora_name: if n > 5 {
+                    opt_string(&t.get_item(5)?)?
+                } else {
+                    None
+                },
+                tier: if n > 6 {
+                    tier(t.get_item(6)?.cast::<PyString>()?.to_str()?)?
+                } else {
+                    0
+                },
                 group_idx: if n > 7 { t.get_item(7)?.extract()? } else { 0 },
-                full_attention: if n > 8 { t.get_item(8)?.extract()? } else { true },
-                mixes: if n > 9 { extract_keys(Some(&t.get_item(9)?))? } else { Vec::new() },
+                full_attention: if n > 8 {
+                    t.get_item(8)?.extract()?
+                } else {
+                    true
+                },
+                mixes: if n > 9 {
+                    extract_keys(Some(&t.get_item(9)?))?
+                } else {
+                    Vec::new()
+                },
             }))
         }
         "removed" => {
             need(2, "removed")?;
             Ok(Raw::Removed {
                 hashes: extract_u64s(&t.get_item(1)?)?,
-                tier: if n > 2 { tier(t.get_item(2)?.cast::<PyString>()?.to_str()?)? } else { 0 },
+                tier: if n > 2 {
+                    tier(t.get_item(2)?.cast::<PyString>()?.to_str()?)?
+                } else {
+                    0
+                },
                 group_idx: if n > 3 { t.get_item(3)?.extract()? } else { 0 },
             })
         }
-        "cleared" => Ok(Raw::Cleared(if n > 1 { opt_tier(&t.get_item(1)?)? } else { None })),
+        "cleared" => Ok(Raw::Cleared(if n > 1 {
+            opt_tier(&t.get_item(1)?)?
+        } else {
+            None
+        })),
         "reset" => {
             need(2, "reset")?;
-            Ok(Raw::Reset(t.get_item(1)?.cast::<PyString>()?.to_str()?.to_owned()))
+            Ok(Raw::Reset(
+                t.get_item(1)?.cast::<PyString>()?.to_str()?.to_owned(),
+            ))
         }
         other => Err(PyValueError::new_err(format!(
             "unknown event kind {other:?} (stored, removed, cleared, reset)"
@@ -330,7 +367,11 @@ fn parse_struct<'py>(ev: &Bound<'py, PyAny>) -> PyResult<Raw<'py>> {
                 tokens: tokens_or_empty(&tokens)?,
                 block_size: ev.getattr(intern!(py, "block_size"))?.extract()?,
                 lora_name: opt_string(&ev.getattr(intern!(py, "lora_name"))?)?,
-                tier: tier(ev.getattr(intern!(py, "medium"))?.cast::<PyString>()?.to_str()?)?,
+                tier: tier(
+                    ev.getattr(intern!(py, "medium"))?
+                        .cast::<PyString>()?
+                        .to_str()?,
+                )?,
                 group_idx: ev.getattr(intern!(py, "group_idx"))?.extract()?,
                 full_attention: ev.getattr(intern!(py, "full_attention"))?.extract()?,
                 mixes: extract_keys(Some(&ev.getattr(intern!(py, "extra_keys"))?))?,
@@ -338,12 +379,19 @@ fn parse_struct<'py>(ev: &Bound<'py, PyAny>) -> PyResult<Raw<'py>> {
         }
         "BlockRemoved" => Ok(Raw::Removed {
             hashes: extract_u64s(&ev.getattr(intern!(py, "block_hashes"))?)?,
-            tier: tier(ev.getattr(intern!(py, "medium"))?.cast::<PyString>()?.to_str()?)?,
+            tier: tier(
+                ev.getattr(intern!(py, "medium"))?
+                    .cast::<PyString>()?
+                    .to_str()?,
+            )?,
             group_idx: ev.getattr(intern!(py, "group_idx"))?.extract()?,
         }),
         "AllCleared" => Ok(Raw::Cleared(opt_tier(&ev.getattr(intern!(py, "medium"))?)?)),
         "IndexReset" => Ok(Raw::Reset(
-            ev.getattr(intern!(py, "reason"))?.cast::<PyString>()?.to_str()?.to_owned(),
+            ev.getattr(intern!(py, "reason"))?
+                .cast::<PyString>()?
+                .to_str()?
+                .to_owned(),
         )),
         other => Err(PyTypeError::new_err(format!("not a KV event: {other}"))),
     }
@@ -404,7 +452,15 @@ fn stats_dict<'py>(py: Python<'py>, stats: &ApplyStats) -> PyResult<Bound<'py, P
 
 fn hit_tuple<'py>(py: Python<'py>, hit: &Hit) -> PyResult<Bound<'py, PyAny>> {
     let [gpu, cpu, disk, shared] = hit.tiers;
-    Ok((hit.block_size, hit.tokens, gpu, cpu, disk, shared, hit.approximate)
+    Ok((
+        hit.block_size,
+        hit.tokens,
+        gpu,
+        cpu,
+        disk,
+        shared,
+        hit.approximate,
+    )
         .into_pyobject(py)?
         .into_any())
 }
@@ -440,7 +496,13 @@ fn chain_values(
     }
     let tokens = extract_tokens(token_ids)?;
     let mixes = extract_keys(extra_keys)?;
-    Ok(hash::chain(seed, tokens.tokens(), block_size, &mixes, max_blocks))
+    Ok(hash::chain(
+        seed,
+        tokens.tokens(),
+        block_size,
+        &mixes,
+        max_blocks,
+    ))
 }
 
 /// Own hashes of the full blocks of `token_ids` chained from `seed`, as a uint64 array.
@@ -487,7 +549,9 @@ impl NativeIndex {
     #[pyo3(signature = (*, salt=b"".as_slice(), recent_min_blocks=4096, recent_peak_factor=2.0))]
     fn new(salt: &[u8], recent_min_blocks: u64, recent_peak_factor: f64) -> PyResult<Self> {
         if !recent_peak_factor.is_finite() || recent_peak_factor < 0.0 {
-            return Err(PyValueError::new_err("recent_peak_factor must be finite and >= 0"));
+            return Err(PyValueError::new_err(
+                "recent_peak_factor must be finite and >= 0",
+            ));
         }
         let policy = RecentPolicy {
             min_blocks: recent_min_blocks,
@@ -514,7 +578,14 @@ impl NativeIndex {
         capacity_blocks: Option<i64>,
     ) -> PyResult<()> {
         self.core
-            .register_worker(worker_id, model, block_size, eagle, store_only_ttl_s, capacity_blocks)
+            .register_worker(
+                worker_id,
+                model,
+                block_size,
+                eagle,
+                store_only_ttl_s,
+                capacity_blocks,
+            )
             .map_err(value_error)
     }
 
@@ -542,13 +613,20 @@ impl NativeIndex {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let raw = parse_events(events)?;
         let events: Vec<Event<'_>> = raw.iter().map(Raw::event).collect();
-        let stats = self.core.apply(worker_id, model, seq, dp_rank, &events, now_s);
+        let stats = self
+            .core
+            .apply(worker_id, model, seq, dp_rank, &events, now_s);
         stats_tuple(py, &stats)
     }
 
     /// Applies one `KvEventBatch` of the reference's records (attributes `worker_id`,
     /// `model`, `seq`, `dp_rank`, `events`); returns the counters like `apply_batch`.
-    fn apply<'py>(&mut self, py: Python<'py>, batch: &Bound<'py, PyAny>, now_s: f64) -> PyResult<Bound<'py, PyTuple>> {
+    fn apply<'py>(
+        &mut self,
+        py: Python<'py>,
+        batch: &Bound<'py, PyAny>,
+        now_s: f64,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let worker_id = batch.getattr(intern!(py, "worker_id"))?;
         let model = batch.getattr(intern!(py, "model"))?;
         let seq: i64 = batch.getattr(intern!(py, "seq"))?.extract()?;
@@ -566,7 +644,12 @@ impl NativeIndex {
         stats_tuple(py, &stats)
     }
 
-    fn observe_served(&mut self, worker_id: &str, own_hashes: &Bound<'_, PyAny>, now_s: f64) -> PyResult<usize> {
+    fn observe_served(
+        &mut self,
+        worker_id: &str,
+        own_hashes: &Bound<'_, PyAny>,
+        now_s: f64,
+    ) -> PyResult<usize> {
         if !self.core.has_worker(worker_id) {
             return Ok(0);
         }
@@ -599,7 +682,9 @@ impl NativeIndex {
         }
         let tokens = extract_tokens(token_ids)?;
         let mixes = extract_keys(extra_keys)?;
-        let owns = self.core.hash_prompt(model, block_size, tokens.tokens(), lora_name, &mixes);
+        let owns = self
+            .core
+            .hash_prompt(model, block_size, tokens.tokens(), lora_name, &mixes);
         u64_array(py, &owns)
     }
 
@@ -756,7 +841,10 @@ fn foretoken_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chain, m)?)?;
     m.add_function(wrap_pyfunction!(chain_bytes, m)?)?;
     m.add_class::<NativeIndex>()?;
-    m.add("APPLY_STATS_FIELDS", PyTuple::new(m.py(), ApplyStats::FIELDS)?)?;
+    m.add(
+        "APPLY_STATS_FIELDS",
+        PyTuple::new(m.py(), ApplyStats::FIELDS)?,
+    )?;
     m.add("TIERS", PyTuple::new(m.py(), TIERS)?)?;
     m.add("HASH_SPEC", hash::HASH_SPEC)?;
     m.add("SNAPSHOT_VERSION", snapshot::SNAPSHOT_VERSION)?;

@@ -58,10 +58,9 @@ impl Recent {
         let hash = key_hash(engine);
         let head = self.head as u32;
         let ring = &self.ring;
-        if let Ok(entry) = self
-            .table
-            .find_entry(hash, |&seq| ring[seq.wrapping_sub(head) as usize].0 == engine)
-        {
+        if let Ok(entry) = self.table.find_entry(hash, |&seq| {
+            ring[seq.wrapping_sub(head) as usize].0 == engine
+        }) {
             entry.remove();
         }
         let seq = (self.head + self.ring.len() as u64) as u32;
@@ -123,9 +122,11 @@ impl Recent {
                 {
                     return None;
                 }
-                recent.table.insert_unique(key_hash(engine), i as u32, |&s| {
-                    key_hash(ring[s as usize].0)
-                });
+                recent
+                    .table
+                    .insert_unique(key_hash(engine), i as u32, |&s| {
+                        key_hash(ring[s as usize].0)
+                    });
             }
         }
         Some(recent)
@@ -149,7 +150,10 @@ mod tests {
         recent.insert(10, 110, 4);
         assert_eq!(recent.get(6), Some(206));
         assert_eq!(recent.get(7), None);
-        assert_eq!(recent.entries(), vec![(8, 108), (9, 109), (6, 206), (10, 110)]);
+        assert_eq!(
+            recent.entries(),
+            vec![(8, 108), (9, 109), (6, 206), (10, 110)]
+        );
         let copy = Recent::from_slots(&recent.slots()).expect("valid");
         assert_eq!(copy.slots(), recent.slots());
         assert_eq!(copy.get(6), Some(206));

@@ -290,13 +290,25 @@ impl<'a> Reader<'a> {
         }
     }
     fn opt_str(&mut self) -> Res<Option<String>> {
-        Ok(if self.bool()? { Some(self.str()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.str()?)
+        } else {
+            None
+        })
     }
     fn opt_f64(&mut self) -> Res<Option<f64>> {
-        Ok(if self.bool()? { Some(self.f64()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.f64()?)
+        } else {
+            None
+        })
     }
     fn opt_u64(&mut self) -> Res<Option<u64>> {
-        Ok(if self.bool()? { Some(self.u64()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.u64()?)
+        } else {
+            None
+        })
     }
     fn pairs(&mut self) -> Res<U64Map<u64>> {
         let n = self.len(16)?;

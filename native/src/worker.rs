@@ -481,9 +481,9 @@ impl Worker {
             return (Vec::new(), Vec::new());
         };
         let cutoff = self.ttl_s.map_or(f64::NEG_INFINITY, |ttl| now_s - ttl);
-        let excess = self
-            .capacity
-            .map_or(0, |c| lru.len() as i64 - i64::try_from(c).unwrap_or(i64::MAX));
+        let excess = self.capacity.map_or(0, |c| {
+            lru.len() as i64 - i64::try_from(c).unwrap_or(i64::MAX)
+        });
         let (mut expired, mut trimmed) = (Vec::new(), Vec::new());
         for (own, _, last_s) in lru.iter() {
             if last_s < cutoff {
