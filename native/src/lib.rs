@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod flat;
 pub mod hash;
 pub mod index;
 pub mod lru;

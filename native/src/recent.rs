@@ -1,135 +1,137 @@
-//! Recently removed blocks of one worker: engine hash → own hash, bounded, oldest out first.
+//! Recently removed blocks of one worker: engine hash → own hash, bounded.
 //!
 //! Engines publish a block's store in a slower tier and its removal from the GPU in either
 //! order. When the last copy of a block leaves a worker, its mapping is kept here, so that a
 //! later store naming it as parent chains from the right own hash, and a later store without
 //! token ids (a move to another tier) files the right block.
 //!
-//! Layout: a ring of `(engine, own)` in removal order, and a hash table of ring positions
-//! (as wrapping u32 sequence numbers), about 24 bytes per entry. Re-inserting an engine hash
-//! moves it to the newest position; the old ring slot is left behind as a stale slot that
-//! the table no longer points to, and is dropped when it reaches the front. So an entry
-//! stays for the next `capacity` insertions (removals of blocks), whatever they are.
+//! Layout: a 4-way set-associative cache. A set is one 64-byte cache line of four
+//! `(engine, own)` pairs, newest first; an engine hash has one set (by its hash), an insert
+//! puts it first in its set and the set's oldest pair falls out when the set is full. So an
+//! operation costs one cache line, the memory is 16 bytes per slot, and a removed block is
+//! remembered for about `capacity` later removals (exactly FIFO within its set). The
+//! capacity (slots) grows with the worker's peak, never shrinks. `(0, 0)` marks an empty
+//! slot: a pair (engine 0, own 0) is not remembered (an own hash is 0 with odds 2^-64).
 
-use std::collections::VecDeque;
+use crate::table::mix;
 
-use hashbrown::HashTable;
+pub const WAYS: usize = 4;
 
-use crate::table::key_hash;
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(align(64))]
+pub struct Set(pub [[u64; 2]; WAYS]);
 
 #[derive(Clone, Debug, Default)]
 pub struct Recent {
-    ring: VecDeque<(u64, u64)>,
-    /// Sequence number of `ring[0]`.
-    head: u64,
-    table: HashTable<u32>,
+    sets: Vec<Set>,
+    len: usize,
 }
 
+const EMPTY: [u64; 2] = [0, 0];
+
 impl Recent {
-    /// Entries the table points to (stale ring slots excluded).
     pub fn len(&self) -> usize {
-        self.table.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
+        self.len == 0
+    }
+
+    /// Slots (four per set).
+    pub fn capacity(&self) -> usize {
+        self.sets.len() * WAYS
     }
 
     pub fn clear(&mut self) {
-        *self = Self::default();
+        self.sets.iter_mut().for_each(|s| *s = Set::default());
+        self.len = 0;
     }
 
-    fn position(&self, seq: u32) -> usize {
-        seq.wrapping_sub(self.head as u32) as usize
+    #[inline]
+    fn set_of(&self, engine: u64) -> usize {
+        ((u128::from(mix(engine)) * self.sets.len() as u128) >> 64) as usize
+    }
+
+    /// Loads the engine hash's set (see `FlatMap::touch`).
+    #[inline]
+    pub fn touch(&self, engine: u64) {
+        if !self.sets.is_empty() {
+            std::hint::black_box(self.sets[self.set_of(engine)].0[0][0]);
+        }
     }
 
     pub fn get(&self, engine: u64) -> Option<u64> {
-        let ring = &self.ring;
-        let head = self.head as u32;
-        self.table
-            .find(key_hash(engine), |&seq| {
-                ring[seq.wrapping_sub(head) as usize].0 == engine
-            })
-            .map(|&seq| self.ring[self.position(seq)].1)
+        if self.sets.is_empty() {
+            return None;
+        }
+        let set = &self.sets[self.set_of(engine)].0;
+        set.iter()
+            .find(|pair| pair[0] == engine && **pair != EMPTY)
+            .map(|pair| pair[1])
     }
 
-    /// Files a removed block as the newest entry, then drops the oldest beyond `capacity`.
-    pub fn insert(&mut self, engine: u64, own: u64, capacity: usize) {
-        let hash = key_hash(engine);
-        let head = self.head as u32;
-        let ring = &self.ring;
-        if let Ok(entry) = self.table.find_entry(hash, |&seq| {
-            ring[seq.wrapping_sub(head) as usize].0 == engine
-        }) {
-            entry.remove();
-        }
-        let seq = (self.head + self.ring.len() as u64) as u32;
-        self.ring.push_back((engine, own));
-        let ring = &self.ring;
-        self.table.insert_unique(hash, seq, |&s| {
-            key_hash(ring[s.wrapping_sub(head) as usize].0)
-        });
-        while self.ring.len() > capacity.max(1) {
-            self.pop_front();
-        }
-    }
-
-    fn pop_front(&mut self) {
-        let Some((engine, _)) = self.ring.front().copied() else {
+    /// Grows to at least `capacity` slots (re-filing what it holds, oldest first).
+    fn reserve(&mut self, capacity: usize) {
+        let sets = capacity.div_ceil(WAYS).max(1);
+        if sets <= self.sets.len() {
             return;
-        };
-        let head = self.head as u32;
-        if let Ok(entry) = self.table.find_entry(key_hash(engine), |&seq| seq == head) {
-            entry.remove();
         }
-        self.ring.pop_front();
-        self.head += 1;
-    }
-
-    /// Every ring slot, oldest first: (engine, own, live) — live slots are the entries.
-    pub fn slots(&self) -> Vec<(u64, u64, bool)> {
-        self.ring
-            .iter()
-            .enumerate()
-            .map(|(i, &(engine, own))| {
-                let seq = (self.head + i as u64) as u32;
-                let live = self.table.find(key_hash(engine), |&s| s == seq).is_some();
-                (engine, own, live)
-            })
-            .collect()
-    }
-
-    /// Live entries, oldest first.
-    pub fn entries(&self) -> Vec<(u64, u64)> {
-        self.slots()
-            .into_iter()
-            .filter(|s| s.2)
-            .map(|(e, o, _)| (e, o))
-            .collect()
-    }
-
-    /// The inverse of [`Recent::slots`]; None if two live slots name one engine hash.
-    pub fn from_slots(slots: &[(u64, u64, bool)]) -> Option<Self> {
-        let mut recent = Recent::default();
-        for (i, &(engine, own, live)) in slots.iter().enumerate() {
-            recent.ring.push_back((engine, own));
-            if live {
-                let ring = &recent.ring;
-                if recent
-                    .table
-                    .find(key_hash(engine), |&s| ring[s as usize].0 == engine)
-                    .is_some()
-                {
-                    return None;
-                }
-                recent
-                    .table
-                    .insert_unique(key_hash(engine), i as u32, |&s| {
-                        key_hash(ring[s as usize].0)
-                    });
+        let old = std::mem::replace(&mut self.sets, vec![Set::default(); sets]);
+        self.len = 0;
+        for set in old {
+            for pair in set.0.iter().rev().filter(|p| **p != EMPTY) {
+                self.file(pair[0], pair[1]);
             }
         }
-        Some(recent)
+    }
+
+    /// Files a removed block as the newest of its set; `capacity` is the slots wanted (0:
+    /// remember nothing). Growing goes by at least half the current size.
+    pub fn insert(&mut self, engine: u64, own: u64, capacity: usize) {
+        if capacity == 0 {
+            return;
+        }
+        let current = self.sets.len() * WAYS;
+        if current < capacity {
+            self.reserve(capacity.max(current + current / 2));
+        }
+        if [engine, own] != EMPTY {
+            self.file(engine, own);
+        }
+    }
+
+    fn file(&mut self, engine: u64, own: u64) {
+        let at = self.set_of(engine);
+        let set = &mut self.sets[at].0;
+        // its old pair (if any), else the oldest slot, makes room; the rest shift back
+        let stop = set
+            .iter()
+            .position(|p| p[0] == engine && *p != EMPTY)
+            .or_else(|| set.iter().position(|p| *p == EMPTY));
+        match stop {
+            Some(i) => {
+                if set[i] == EMPTY {
+                    self.len += 1;
+                }
+                set.copy_within(0..i, 1);
+            }
+            None => set.copy_within(0..WAYS - 1, 1),
+        }
+        set[0] = [engine, own];
+    }
+
+    /// The sets, for snapshots.
+    pub fn sets(&self) -> &[Set] {
+        &self.sets
+    }
+
+    pub fn from_sets(sets: Vec<Set>) -> Self {
+        let len = sets
+            .iter()
+            .map(|s| s.0.iter().filter(|p| **p != EMPTY).count())
+            .sum();
+        Self { sets, len }
     }
 }
 
@@ -138,36 +140,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn oldest_entries_go_first_and_reinsertion_refreshes() {
+    fn a_set_keeps_its_newest_four_and_reinsertion_refreshes() {
         let mut recent = Recent::default();
-        for e in 0..10u64 {
-            recent.insert(e, e + 100, 4);
+        recent.insert(1, 11, 4); // one set: every key shares it
+        for e in 2..=5u64 {
+            recent.insert(e, e + 10, 4);
         }
         assert_eq!(recent.len(), 4);
-        assert_eq!(recent.get(5), None);
-        assert_eq!(recent.get(6), Some(106));
-        recent.insert(6, 206, 4); // newest again, with its new own hash
-        recent.insert(10, 110, 4);
-        assert_eq!(recent.get(6), Some(206));
-        assert_eq!(recent.get(7), None);
-        assert_eq!(
-            recent.entries(),
-            vec![(8, 108), (9, 109), (6, 206), (10, 110)]
-        );
-        let copy = Recent::from_slots(&recent.slots()).expect("valid");
-        assert_eq!(copy.slots(), recent.slots());
-        assert_eq!(copy.get(6), Some(206));
+        assert_eq!(recent.get(1), None);
+        assert_eq!(recent.get(2), Some(12));
+        recent.insert(2, 22, 4); // newest again, with its new own hash
+        recent.insert(6, 16, 4);
+        assert_eq!(recent.get(2), Some(22));
+        assert_eq!(recent.get(3), None);
+        assert_eq!(recent.sets()[0].0, [[6, 16], [2, 22], [5, 15], [4, 14]]);
+        let copy = Recent::from_sets(recent.sets().to_vec());
+        assert_eq!((copy.len(), copy.get(5)), (4, Some(15)));
     }
 
     #[test]
-    fn the_ring_never_exceeds_the_capacity() {
+    fn growing_keeps_the_entries_and_engine_zero_works() {
         let mut recent = Recent::default();
-        for i in 0..100_000u64 {
-            recent.insert(i % 3, i, 50);
+        recent.insert(0, 7, 4);
+        assert_eq!(recent.get(0), Some(7));
+        for e in 1..=1000u64 {
+            recent.insert(e, e, 4096);
         }
-        assert_eq!(recent.len(), 3);
-        assert!(recent.ring.len() <= 50);
-        assert_eq!(recent.get(99_999 % 3), Some(99_999));
-        assert_eq!(recent.entries().len(), 3);
+        assert_eq!(recent.capacity(), 4096);
+        let kept = (1..=1000u64).filter(|&e| recent.get(e) == Some(e)).count();
+        assert!(kept > 990, "kept {kept}"); // a few sets of 4 overflow
+        assert_eq!(recent.get(0), Some(7));
+        recent.insert(0, 0, 4096); // the empty marker is not filed
+        assert_eq!(recent.get(0), Some(7));
+        recent.clear();
+        assert_eq!((recent.len(), recent.get(5)), (0, None));
     }
 }

@@ -6,20 +6,20 @@
 //!
 //! Body: salt; recent policy; totals; native counters; spaces (model, block size, slot
 //! count, per word and tier the (own, mask) pairs); workers in registration order (every
-//! field, the LRU and the recently removed blocks' ring in their order).
+//! field, the LRU in its order, the recently removed blocks' sets as they are).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::flat::FlatMap;
 use crate::hash::HASH_SPEC;
 use crate::index::Index;
 use crate::lru::Lru;
-use crate::recent::Recent;
+use crate::recent::{Recent, Set, WAYS};
 use crate::space::{Space, TierSet, TIERS};
 use crate::stats::{ApplyStats, NativeCounters};
-use crate::table::U64Map;
 use crate::worker::{RecentPolicy, Worker};
 
 pub const MAGIC: &[u8; 8] = b"FTKNIDX\0";
@@ -115,8 +115,8 @@ impl Writer {
             }
         }
     }
-    fn pairs(&mut self, map: &U64Map<u64>) {
-        let mut pairs: Vec<(u64, u64)> = map.iter().map(|(&k, &v)| (k, v)).collect();
+    fn pairs(&mut self, map: &FlatMap) {
+        let mut pairs: Vec<(u64, u64)> = map.iter().collect();
         pairs.sort_unstable();
         self.len(pairs.len());
         self.0.reserve(pairs.len() * 16);
@@ -211,12 +211,13 @@ fn write_worker(w: &mut Writer, worker: &Worker) {
     w.u64(worker.peak);
     w.u64(worker.recent_policy.min_blocks);
     w.f64(worker.recent_policy.peak_factor);
-    let slots = worker.recent.slots();
-    w.len(slots.len());
-    for (engine, own, live) in slots {
-        w.u64(engine);
-        w.u64(own);
-        w.u8(u8::from(live));
+    let sets = worker.recent.sets();
+    w.len(sets.len());
+    for set in sets {
+        for [engine, own] in set.0 {
+            w.u64(engine);
+            w.u64(own);
+        }
     }
 }
 
@@ -310,13 +311,15 @@ impl<'a> Reader<'a> {
             None
         })
     }
-    fn pairs(&mut self) -> Res<U64Map<u64>> {
+    fn pairs(&mut self) -> Res<FlatMap> {
         let n = self.len(16)?;
-        let mut map = U64Map::with_capacity_and_hasher(n, Default::default());
+        let mut map = FlatMap::with_capacity(n);
         for _ in 0..n {
             let k = self.u64()?;
             let v = self.u64()?;
-            map.insert(k, v);
+            if map.insert(k, v).is_some() {
+                return corrupt("duplicate key");
+            }
         }
         Ok(map)
     }
@@ -471,16 +474,15 @@ fn read_worker(r: &mut Reader<'_>, index: &Index) -> Res<Worker> {
         min_blocks: r.u64()?,
         peak_factor: r.f64()?,
     };
-    let n = r.len(17)?;
-    let mut slots = Vec::with_capacity(n);
+    let n = r.len(16 * WAYS)?;
+    let mut sets = Vec::with_capacity(n);
     for _ in 0..n {
-        let engine = r.u64()?;
-        let own = r.u64()?;
-        slots.push((engine, own, r.bool()?));
+        let mut set = Set::default();
+        for pair in set.0.iter_mut() {
+            *pair = [r.u64()?, r.u64()?];
+        }
+        sets.push(set);
     }
-    w.recent = match Recent::from_slots(&slots) {
-        Some(recent) => recent,
-        None => return corrupt("duplicate recently removed block"),
-    };
+    w.recent = Recent::from_sets(sets);
     Ok(w)
 }

@@ -1,8 +1,8 @@
 //! One (model, block size) hash space: worker slots (one bit each) and, per 64-slot word and
 //! tier, a table own hash → bits of the workers holding that block in that tier.
 
+use crate::flat::FlatMap;
 use crate::hash;
-use crate::table::U64Map;
 
 pub const TIERS: [&str; 4] = ["GPU", "CPU", "DISK", "SHARED"]; // fastest first
 pub const GPU: usize = 0;
@@ -44,7 +44,7 @@ impl TierSet {
 }
 
 /// own hash → mask of the workers (of one word) holding the block in one tier.
-pub type MaskTable = U64Map<u64>;
+pub type MaskTable = FlatMap;
 
 #[derive(Debug, Default)]
 pub struct Space {

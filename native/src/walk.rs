@@ -107,7 +107,7 @@ impl Matched {
             let best = (0..TIERS.len())
                 .find(|&t| {
                     space.words[worker.word()][t]
-                        .get(&own)
+                        .get(own)
                         .is_some_and(|m| m & worker.bit() != 0)
                 })
                 .expect("a matched block is held in some tier");
@@ -210,7 +210,7 @@ fn walk_chunk(matched: &mut Matched, words: &mut [WordWalk<'_>], start: usize) {
             let mut grid = [0u64; 4];
             let mut union = 0u64;
             for (k, (_, table)) in w.tables.iter().enumerate() {
-                let mask = table.get(&own).copied().unwrap_or(0);
+                let mask = table.get(own).unwrap_or(0);
                 grid[k] = mask;
                 union |= mask;
                 if union & carry == carry {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use hashbrown::hash_map::Entry;
 
+use crate::flat::FlatMap;
 use crate::hash::{self, Tokens};
 use crate::lru::Lru;
 use crate::recent::Recent;
@@ -26,10 +27,12 @@ pub struct RecentPolicy {
 }
 
 impl Default for RecentPolicy {
+    /// At least 4096 blocks, and as many as the worker held at its peak (one turnover of
+    /// its cache); 16 bytes per slot.
     fn default() -> Self {
         Self {
             min_blocks: 4096,
-            peak_factor: 2.0,
+            peak_factor: 1.0,
         }
     }
 }
@@ -58,7 +61,7 @@ pub struct Worker {
     pub block_size: u32,
     pub eagle: bool,
     /// engine hash → own hash.
-    pub emap: U64Map<u64>,
+    pub emap: FlatMap,
     /// Per tier: own → physical copies beyond the first (rare).
     pub dups: [U64Map<u32>; 4],
     /// Per tier: blocks held (copies beyond the first not counted).
@@ -99,7 +102,7 @@ impl Worker {
             slot,
             block_size,
             eagle: false,
-            emap: U64Map::default(),
+            emap: FlatMap::default(),
             dups: Default::default(),
             counts: [0; 4],
             tiers: TierSet::default(),
@@ -144,7 +147,7 @@ impl Worker {
             // Blocks already held become the oldest (the order among them is the engine
             // map's, which the Python reference keeps in insertion order and this port not).
             let mut lru = Lru::default();
-            for (&engine, &own) in &self.emap {
+            for (engine, own) in self.emap.iter() {
                 if !lru.set_engine(own, engine) {
                     lru.push_back(own, engine, f64::NEG_INFINITY);
                 }
@@ -167,8 +170,8 @@ impl Worker {
 
     /// The own hash an engine hash names: the live map first, then the recently removed.
     pub fn resolve(&self, engine: u64) -> Option<(u64, bool)> {
-        match self.emap.get(&engine) {
-            Some(&own) => Some((own, false)),
+        match self.emap.get(engine) {
+            Some(own) => Some((own, false)),
             None => self.recent.get(engine).map(|own| (own, true)),
         }
     }
@@ -179,7 +182,7 @@ impl Worker {
         self.tiers
             .iter()
             .filter(|&t| Some(t) != except)
-            .any(|t| space.words[word][t].get(&own).is_some_and(|m| m & bit != 0))
+            .any(|t| space.words[word][t].get(own).is_some_and(|m| m & bit != 0))
     }
 
     pub fn holds(&self, space: &Space, own: u64) -> bool {
@@ -268,23 +271,21 @@ impl Worker {
         now_s: f64,
         stats: &mut ApplyStats,
     ) {
+        let (word, bit) = (self.word(), self.bit());
+        // start every cache miss of the event at once; the passes below then hit
+        for (&engine, &own) in hashes.iter().zip(owns) {
+            self.emap.touch(engine);
+            space.words[word][tier].touch(own);
+        }
         // Pass 1 (the reference's setdefault pass), then the re-mapped engine hashes.
-        let mut remaps: Vec<usize> = Vec::new();
-        let mut olds: Vec<u64> = Vec::new();
+        let mut remaps: Vec<(usize, u64)> = Vec::new();
         for (i, (&engine, &own)) in hashes.iter().zip(owns).enumerate() {
-            match self.emap.entry(engine) {
-                Entry::Occupied(entry) => {
-                    if *entry.get() != own {
-                        remaps.push(i);
-                        olds.push(*entry.get());
-                    }
-                }
-                Entry::Vacant(entry) => {
-                    entry.insert(own);
-                }
+            let (inserted, old) = self.emap.get_or_insert(engine, own);
+            if !inserted && *old != own {
+                remaps.push((i, *old));
             }
         }
-        for (&i, &old) in remaps.iter().zip(&olds) {
+        for (i, old) in remaps {
             // An engine hash now names other content (its parent was unknown before, say):
             // what was filed under the old own hash is dropped for this worker.
             stats.remapped_blocks += 1;
@@ -293,24 +294,17 @@ impl Worker {
         }
         self.tiers.insert(tier);
         stats.stored_blocks += owns.len() as u64;
-        let (word, bit) = (self.word(), self.bit());
         let table = &mut space.words[word][tier];
         for &own in owns {
-            match table.entry(own) {
-                Entry::Vacant(entry) => {
-                    entry.insert(bit);
-                    self.counts[tier] += 1;
-                }
-                Entry::Occupied(mut entry) => {
-                    let mask = *entry.get();
-                    if mask & bit != 0 {
-                        *self.dups[tier].entry(own).or_insert(0) += 1;
-                        stats.duplicate_stores += 1;
-                    } else {
-                        *entry.get_mut() = mask | bit;
-                        self.counts[tier] += 1;
-                    }
-                }
+            let (inserted, mask) = table.get_or_insert(own, bit);
+            if inserted {
+                self.counts[tier] += 1;
+            } else if *mask & bit != 0 {
+                *self.dups[tier].entry(own).or_insert(0) += 1;
+                stats.duplicate_stores += 1;
+            } else {
+                *mask |= bit;
+                self.counts[tier] += 1;
             }
         }
         if let Some(lru) = self.lru.as_mut() {
@@ -334,12 +328,24 @@ impl Worker {
             return;
         }
         let (word, bit) = (self.word(), self.bit());
+        // start the cache misses of the whole event at once (engine map, then tables)
         for &engine in hashes {
-            let Some(&own) = self.emap.get(&engine) else {
+            self.emap.touch(engine);
+            self.recent.touch(engine);
+        }
+        for &engine in hashes {
+            if let Some(own) = self.emap.get(engine) {
+                space.words[word][tier].touch(own);
+            }
+        }
+        for &engine in hashes {
+            let Some(own) = self.emap.get(engine) else {
                 stats.unknown_removals += 1;
                 continue;
             };
-            if let Entry::Occupied(mut extra) = self.dups[tier].entry(own) {
+            if self.dups[tier].is_empty() {
+                // the usual case: no duplicate copies
+            } else if let Entry::Occupied(mut extra) = self.dups[tier].entry(own) {
                 if *extra.get() > 1 {
                     *extra.get_mut() -= 1;
                 } else {
@@ -349,24 +355,15 @@ impl Worker {
                 continue;
             }
             let table = &mut space.words[word][tier];
-            match table.entry(own) {
-                Entry::Occupied(mut entry) if *entry.get() & bit != 0 => {
-                    let mask = *entry.get() ^ bit;
-                    if mask == 0 {
-                        entry.remove();
-                    } else {
-                        *entry.get_mut() = mask;
-                    }
-                }
-                _ => {
-                    stats.absent_removals += 1;
-                    continue;
-                }
+            let held = table.update_or_remove(own, |m| if m & bit != 0 { m ^ bit } else { m });
+            if !held.is_some_and(|m| m & bit != 0) {
+                stats.absent_removals += 1;
+                continue;
             }
             self.counts[tier] -= 1;
             stats.removed_blocks += 1;
             if !self.holds_except(space, own, Some(tier)) {
-                self.emap.remove(&engine);
+                self.emap.remove(engine);
                 self.forget_engine(engine, own);
                 if let Some(lru) = self.lru.as_mut() {
                     lru.untouch(&[own]);
@@ -380,23 +377,18 @@ impl Worker {
         let (word, bit) = (self.word(), self.bit());
         for tier in self.tiers.iter() {
             let table = &mut space.words[word][tier];
-            if let Entry::Occupied(mut entry) = table.entry(own) {
-                let mask = *entry.get();
-                if mask & bit != 0 {
-                    if mask == bit {
-                        entry.remove();
-                    } else {
-                        *entry.get_mut() = mask ^ bit;
-                    }
-                    self.counts[tier] -= 1;
-                }
+            if table
+                .update_or_remove(own, |m| m & !bit)
+                .is_some_and(|m| m & bit != 0)
+            {
+                self.counts[tier] -= 1;
             }
             self.dups[tier].remove(&own);
         }
         let engine = self.lru.as_mut().and_then(|lru| lru.untouch(&[own]));
         if let Some(engine) = engine {
-            if self.emap.get(&engine) == Some(&own) {
-                self.emap.remove(&engine);
+            if self.emap.get(engine) == Some(own) {
+                self.emap.remove(engine);
                 self.forget_engine(engine, own);
             }
         }
@@ -412,20 +404,13 @@ impl Worker {
         for &t in &tiers {
             let table = &mut space.words[word][t];
             for own in self.emap.values() {
-                if let Entry::Occupied(mut entry) = table.entry(*own) {
-                    let mask = *entry.get();
-                    if mask == bit {
-                        entry.remove();
-                    } else if mask & bit != 0 {
-                        *entry.get_mut() = mask ^ bit;
-                    }
-                }
+                table.update_or_remove(own, |m| m & !bit);
             }
             self.counts[t] = 0;
             self.dups[t] = U64Map::default();
         }
         let Some(tier) = tier else {
-            self.emap = U64Map::default();
+            self.emap = FlatMap::default();
             self.tiers = TierSet::default();
             self.approximate = false;
             if let Some(lru) = self.lru.as_mut() {
@@ -438,11 +423,10 @@ impl Worker {
         let gone: Vec<(u64, u64)> = self
             .emap
             .iter()
-            .filter(|&(_, &own)| !self.holds(space, own))
-            .map(|(&e, &o)| (e, o))
+            .filter(|&(_, own)| !self.holds(space, own))
             .collect();
         for (engine, own) in gone {
-            self.emap.remove(&engine);
+            self.emap.remove(engine);
             self.forget_engine(engine, own);
             if let Some(lru) = self.lru.as_mut() {
                 lru.untouch(&[own]);
@@ -527,7 +511,7 @@ impl Worker {
         let new: Vec<u64> = owns
             .iter()
             .copied()
-            .filter(|own| table.get(own).is_none_or(|m| m & bit == 0))
+            .filter(|&own| table.get(own).is_none_or(|m| m & bit == 0))
             .collect();
         if !new.is_empty() {
             self.add(space, &new, &new, GPU, now_s, stats);

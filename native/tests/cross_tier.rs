@@ -162,12 +162,12 @@ fn any_interleaving_of_slow_stores_and_gpu_removals_gives_the_same_credit() {
 
 #[test]
 fn without_the_rule_a_removal_first_would_lose_the_chain() {
-    // The same scenario with no memory of removed blocks (capacity 1): the moves of all but
-    // the last removed block are unknown, so the credit depends on the order.
+    // The same scenario with no memory of removed blocks (capacity 0): the moves are
+    // unknown, so the credit depends on the order.
     let mut index = Index::new(
         b"",
         RecentPolicy {
-            min_blocks: 1,
+            min_blocks: 0,
             peak_factor: 0.0,
         },
     );

@@ -743,25 +743,24 @@ fn the_recently_removed_are_bounded_and_cleared_with_the_cache() {
     let mut index = Index::new(
         b"",
         RecentPolicy {
-            min_blocks: 2,
+            min_blocks: 4, // one set of four
             peak_factor: 0.0,
         },
     );
     index
         .register_worker("a", M, BS, false, None, None)
         .unwrap();
-    let prompt = toks(3, 100);
-    apply(&mut index, "a", &[stored(&[1, 2, 3], &prompt)]);
-    apply(&mut index, "a", &[removed(&[1, 2, 3])]);
-    let stats = apply(&mut index, "a", &[moved(&[1, 2, 3], "CPU")]);
-    assert_eq!(stats.unknown_moves, 1); // only the last two removals are remembered
-    apply(
-        &mut index,
-        "a",
-        &[removed(&[2, 3]).medium("CPU"), cleared(None)],
-    );
+    let prompt = toks(6, 100);
+    let all = [1, 2, 3, 4, 5, 6];
+    apply(&mut index, "a", &[stored(&all, &prompt)]);
+    apply(&mut index, "a", &[removed(&all)]);
+    let stats = apply(&mut index, "a", &[moved(&all, "CPU")]);
+    assert_eq!(stats.unknown_moves, 2); // only the last four removals are remembered
+    let stats = apply(&mut index, "a", &[removed(&all).medium("CPU")]);
+    assert_eq!(stats.removed_blocks, 4);
+    apply(&mut index, "a", &[cleared(None)]);
     assert_eq!(
-        apply(&mut index, "a", &[moved(&[2, 3], "CPU")]).unknown_moves,
+        apply(&mut index, "a", &[moved(&[5, 6], "CPU")]).unknown_moves,
         2
     );
 }
