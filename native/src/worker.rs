@@ -356,7 +356,7 @@ impl Worker {
             }
             let table = &mut space.words[word][tier];
             let held = table.update_or_remove(own, |m| if m & bit != 0 { m ^ bit } else { m });
-            if !held.is_some_and(|m| m & bit != 0) {
+            if held.is_none_or(|m| m & bit == 0) {
                 stats.absent_removals += 1;
                 continue;
             }
