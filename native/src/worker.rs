@@ -272,11 +272,6 @@ impl Worker {
         stats: &mut ApplyStats,
     ) {
         let (word, bit) = (self.word(), self.bit());
-        // start every cache miss of the event at once; the passes below then hit
-        for (&engine, &own) in hashes.iter().zip(owns) {
-            self.emap.touch(engine);
-            space.words[word][tier].touch(own);
-        }
         // Pass 1 (the reference's setdefault pass), then the re-mapped engine hashes.
         let mut remaps: Vec<(usize, u64)> = Vec::new();
         for (i, (&engine, &own)) in hashes.iter().zip(owns).enumerate() {
