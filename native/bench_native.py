@@ -211,10 +211,13 @@ def bench_ingest(entries: int) -> dict[str, object]:
         fill_blocks += _stored_in(batches)
         fill_cpu += apply_all(batches)
     fill_wall = time.perf_counter() - t_fill
-    # steady: stores + removals at full size, in segments (median of their rates)
+    # steady: stores + removals at full size; two untimed segments first (the recently
+    # removed caches are allocated and paged in then), then timed segments (median rate)
+    for _ in range(2):
+        apply_all(make(3200))
     seg_rates, steady_blocks, removed = [], 0, 0
     for _ in range(5):
-        batches = make(1600)
+        batches = make(3200)
         n = _stored_in(batches)
         removed += sum(len(e[1]) // 8 for _, _, evs in batches for e in evs if e[0] == "removed")
         steady_blocks += n
@@ -246,12 +249,18 @@ def bench_ingest(entries: int) -> dict[str, object]:
     gc.collect()
     stats = index.stats()
     held = sum(sum(w["blocks"].values()) for w in stats["workers"].values())
-    recent = sum(index.native_stats()["recently_removed"].values())
+    native = index.native_stats()
+    recent = sum(native["recently_removed"].values())
+    recent_slots = sum(native["recent_capacity"].values())
+    peak = sum(native["peak_engine_hashes"].values())
+    heap = native["heap_bytes_estimate"]
     return {
         "workers": workers,
         "entries_target": entries,
         "entries_held": held,
         "recently_removed_held": recent,
+        "recently_removed_slots": recent_slots,
+        "peak_engine_hashes": peak,
         "blocks_per_stored_event": 40,
         "fill_stored_blocks": fill_blocks,
         "fill_stored_blocks_per_cpu_s": round(fill_blocks / fill_cpu),
@@ -262,7 +271,9 @@ def bench_ingest(entries: int) -> dict[str, object]:
         "steady_segment_rates": [round(r) for r in seg_rates],
         "steady_ints_stored_blocks_per_cpu_s": round(ints_rate),
         "steady_msgspec_apply_stored_blocks_per_cpu_s": round(structs_rate),
-        "rss_bytes_per_held_entry_incl_recent": round((_rss_bytes() - rss0) / held, 1),
+        "heap_bytes_per_held_entry_estimate": {k: round(v / held, 1) for k, v in heap.items()},
+        "heap_bytes_per_held_entry_estimate_total": round(sum(heap.values()) / held, 1),
+        "rss_growth_per_held_entry_incl_harness": round((_rss_bytes() - rss0) / held, 1),
         "counters": {k: v for k, v in counters.items() if v},
     }
 
@@ -394,6 +405,18 @@ def _in_subprocess(section: str, **kw: object) -> dict[str, object]:
     return json.loads(proc.stdout)
 
 
+def calibration_us() -> float:
+    """A fixed interpreter loop (CPU µs, median of 9): compare runs on a loaded machine."""
+    runs = []
+    for _ in range(9):
+        t0 = time.process_time()
+        total = 0
+        for i in range(100_000):
+            total += i
+        runs.append((time.process_time() - t0) * 1e6)
+    return round(statistics.median(runs), 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -421,6 +444,7 @@ def main() -> None:
         "quick": args.quick,
         "python": platform.python_version(),
         "load_average_start": os.getloadavg(),
+        "calibration_loop_us_start": calibration_us(),
         "hash": _in_subprocess_flags("hash", quick),
         "ingest": _in_subprocess("ingest", entries=entries),
         "ingest_1m": _in_subprocess("ingest", entries=1_000_000) if not args.quick else None,
@@ -428,6 +452,7 @@ def main() -> None:
         "memory": bench_memory(entries),
     }
     result["load_average_end"] = os.getloadavg()
+    result["calibration_loop_us_end"] = calibration_us()
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     lookup32 = result["lookup"]["32k_tokens"]["from_packed_tokens"]  # type: ignore[index]
     result["summary"] = {

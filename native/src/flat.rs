@@ -90,6 +90,25 @@ impl FlatMap {
     pub fn values(&self) -> impl Iterator<Item = u64> + '_ {
         self.0.values().copied()
     }
+
+    /// Bytes of the table (buckets of 16 bytes + 1 control byte), estimated from its
+    /// capacity (hashbrown keeps buckets a power of two, at most 7/8 full).
+    pub fn heap_bytes(&self) -> usize {
+        table_bytes(self.0.capacity(), 17)
+    }
+}
+
+/// hashbrown's allocation for a table that holds `capacity` entries of `slot` bytes.
+pub fn table_bytes(capacity: usize, slot: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = if capacity < 8 {
+        (capacity + 1).next_power_of_two()
+    } else {
+        (capacity * 8 / 7).next_power_of_two()
+    };
+    buckets * slot + 16
 }
 
 #[cfg(test)]

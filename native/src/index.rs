@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 
+use crate::flat::FlatMap;
 use crate::hash::{self, Tokens};
 use crate::space::{Space, TIERS};
 use crate::stats::{ApplyStats, NativeCounters};
@@ -83,6 +84,9 @@ pub struct WorkerStats {
     pub duplicate_copies: u64,
     /// Beyond the reference: recently removed blocks remembered (cross-tier rule).
     pub recently_removed: usize,
+    /// Slots of the recently removed cache, and the peak of engine hashes held.
+    pub recent_capacity: usize,
+    pub peak_engine_hashes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -417,6 +421,29 @@ impl Index {
         self.totals
     }
 
+    /// Estimated heap bytes of the index's tables: (mask tables, engine maps and the rest
+    /// of the workers' maps, recently removed caches).
+    pub fn heap_bytes(&self) -> (usize, usize, usize) {
+        let tables = self
+            .spaces
+            .iter()
+            .flat_map(|s| s.words.iter().flatten())
+            .map(FlatMap::heap_bytes)
+            .sum();
+        let (mut maps, mut recent) = (0, 0);
+        for w in self.workers.iter().flatten() {
+            maps += w.emap.heap_bytes();
+            maps += w
+                .dups
+                .iter()
+                .map(|d| crate::flat::table_bytes(d.capacity(), 13))
+                .sum::<usize>();
+            maps += w.lru.as_ref().map_or(0, |l| l.len() * 48);
+            recent += w.recent.heap_bytes();
+        }
+        (tables, maps, recent)
+    }
+
     pub fn native_counters(&self) -> NativeCounters {
         self.native
     }
@@ -453,6 +480,8 @@ impl Index {
                         .map(|&n| u64::from(n))
                         .sum(),
                     recently_removed: w.recent.len(),
+                    recent_capacity: w.recent.capacity(),
+                    peak_engine_hashes: w.peak,
                 }
             })
             .collect()

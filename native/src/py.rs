@@ -546,7 +546,7 @@ pub struct NativeIndex {
 #[pymethods]
 impl NativeIndex {
     #[new]
-    #[pyo3(signature = (*, salt=b"".as_slice(), recent_min_blocks=4096, recent_peak_factor=2.0))]
+    #[pyo3(signature = (*, salt=b"".as_slice(), recent_min_blocks=4096, recent_peak_factor=1.0))]
     fn new(salt: &[u8], recent_min_blocks: u64, recent_peak_factor: f64) -> PyResult<Self> {
         if !recent_peak_factor.is_finite() || recent_peak_factor < 0.0 {
             return Err(PyValueError::new_err(
@@ -794,12 +794,24 @@ impl NativeIndex {
         counters.set_item("recovered_parents", native.recovered_parents)?;
         counters.set_item("recovered_moves", native.recovered_moves)?;
         let workers = PyDict::new(py);
+        let capacity = PyDict::new(py);
+        let peaks = PyDict::new(py);
         for w in self.core.worker_stats() {
             workers.set_item(&w.worker_id, w.recently_removed)?;
+            capacity.set_item(&w.worker_id, w.recent_capacity)?;
+            peaks.set_item(&w.worker_id, w.peak_engine_hashes)?;
         }
+        let (tables, maps, recent) = self.core.heap_bytes();
+        let heap = PyDict::new(py);
+        heap.set_item("mask_tables", tables)?;
+        heap.set_item("worker_maps", maps)?;
+        heap.set_item("recently_removed", recent)?;
         let out = PyDict::new(py);
         out.set_item("counters", counters)?;
         out.set_item("recently_removed", workers)?;
+        out.set_item("recent_capacity", capacity)?;
+        out.set_item("peak_engine_hashes", peaks)?;
+        out.set_item("heap_bytes_estimate", heap)?;
         Ok(out)
     }
 
