@@ -20,7 +20,8 @@ subprocess, one after the other (never in parallel):
   of each (mostly GPU, its tail in CPU); p50/p99 of ``lookup`` for 32k-token prompts
   from packed bytes (CPU of this thread and wall), also 4k and 128k, and from own hashes.
 * ``memory``: bytes per (block, worker) entry at ``entries`` (RSS delta of a fresh process
-  that stores 32-block chains on 64 workers), each block on 1 worker and on 4.
+  that stores 32-block chains on 64 workers), each block on 1 worker and on 4; with 1, the
+  time and size of ``snapshot()`` and the time of ``restore()``.
 """
 
 from __future__ import annotations
@@ -380,11 +381,20 @@ def measure_memory(entries: int, sharing: int) -> dict[str, object]:
     elapsed = time.perf_counter() - t0
     gc.collect()
     after = _rss_bytes()
-    return {
+    out: dict[str, object] = {
         "entries": done,
         "bytes_per_entry": round((after - before) / done, 1),
         "build_s": round(elapsed, 1),
     }
+    if sharing == 1:  # snapshot cost at this size
+        t = time.perf_counter()
+        data = index.snapshot()
+        out["snapshot_s"] = round(time.perf_counter() - t, 2)
+        out["snapshot_bytes_per_entry"] = round(len(data) / done, 1)
+        t = time.perf_counter()
+        fn.NativeIndex.restore(data)
+        out["restore_s"] = round(time.perf_counter() - t, 2)
+    return out
 
 
 def bench_memory(entries: int) -> dict[str, object]:
