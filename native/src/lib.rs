@@ -1,0 +1,26 @@
+//! foretoken's native hot path: the chained own content hash (spec v2, [`hash`]) and the
+//! multi-tier prefix index ([`index::Index`]), a port of the Python reference
+//! (`PrefixIndex`) with the cross-tier rule ([`recent`]). The PyO3 bindings live in `py`
+//! (feature `python`, on by default; maturin builds the module `foretoken_native`).
+
+#![forbid(unsafe_code)]
+
+pub mod flat;
+pub mod hash;
+pub mod index;
+pub mod lru;
+pub mod recent;
+pub mod snapshot;
+pub mod space;
+pub mod stats;
+pub mod table;
+pub mod walk;
+pub mod worker;
+
+#[cfg(feature = "python")]
+mod py;
+
+pub use index::{Event, Hit, Index, IndexError};
+pub use space::TIERS;
+pub use stats::{ApplyStats, NativeCounters};
+pub use worker::{RecentPolicy, Stored};
