@@ -139,6 +139,10 @@ fn main() {
         fill_blocks += n;
         fill_s += s;
     }
+    let warm: usize = std::env::var("WARM").ok().map_or(0, |v| v.parse().unwrap());
+    for _ in 0..warm {
+        run(&mut index, 100);
+    }
     let mut rates = Vec::new();
     for _ in 0..5 {
         let (n, s) = run(&mut index, 100);

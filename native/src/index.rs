@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use crate::flat::FlatMap;
 use crate::hash::{self, Tokens};
 use crate::space::{Space, TIERS};
-use crate::stats::{ApplyStats, NativeCounters};
+use crate::stats::ApplyStats;
 use crate::walk;
 use crate::worker::{RecentPolicy, Stored, Worker};
 
@@ -111,7 +111,6 @@ pub struct Index {
     /// model → its spaces, by block size.
     pub(crate) models: HashMap<String, Vec<usize>>,
     pub(crate) totals: ApplyStats,
-    pub(crate) native: NativeCounters,
 }
 
 impl Index {
@@ -277,14 +276,7 @@ impl Index {
         let space = &mut self.spaces[worker.space];
         for event in events {
             match event {
-                Event::Stored(stored) => worker.store(
-                    space,
-                    &self.salt,
-                    stored,
-                    now_s,
-                    &mut stats,
-                    &mut self.native,
-                ),
+                Event::Stored(stored) => worker.store(space, &self.salt, stored, now_s, &mut stats),
                 Event::Removed {
                     hashes,
                     tier,
@@ -444,15 +436,19 @@ impl Index {
         (tables, maps, recent)
     }
 
-    pub fn native_counters(&self) -> NativeCounters {
-        self.native
-    }
-
     /// Per data-parallel rank, the seq of the last batch applied (to resume ingest).
     pub fn last_seq(&self, worker_id: &str) -> Vec<(i64, i64)> {
         self.worker(worker_id)
             .map(|w| w.last_seq.iter().map(|(&r, &s)| (r, s)).collect())
             .unwrap_or_default()
+    }
+
+    /// Worker ids in registration order.
+    pub fn worker_ids(&self) -> Vec<String> {
+        self.order
+            .iter()
+            .map(|&wi| self.workers[wi].as_ref().expect("registered").id.clone())
+            .collect()
     }
 
     /// Workers in registration order.

@@ -22,5 +22,5 @@ mod py;
 
 pub use index::{Event, Hit, Index, IndexError};
 pub use space::TIERS;
-pub use stats::{ApplyStats, NativeCounters};
+pub use stats::ApplyStats;
 pub use worker::{RecentPolicy, Stored};

@@ -546,7 +546,7 @@ pub struct NativeIndex {
 #[pymethods]
 impl NativeIndex {
     #[new]
-    #[pyo3(signature = (*, salt=b"".as_slice(), recent_min_blocks=4096, recent_peak_factor=1.0))]
+    #[pyo3(signature = (*, salt=b"".as_slice(), recent_min_blocks=4096, recent_peak_factor=0.125))]
     fn new(salt: &[u8], recent_min_blocks: u64, recent_peak_factor: f64) -> PyResult<Self> {
         if !recent_peak_factor.is_finite() || recent_peak_factor < 0.0 {
             return Err(PyValueError::new_err(
@@ -757,6 +757,7 @@ impl NativeIndex {
             d.set_item("blocks", blocks)?;
             d.set_item("engine_hashes", w.engine_hashes)?;
             d.set_item("duplicate_copies", w.duplicate_copies)?;
+            d.set_item("recently_removed", w.recently_removed)?;
             workers.set_item(&w.worker_id, d)?;
         }
         let spaces = PyList::empty(py);
@@ -789,10 +790,10 @@ impl NativeIndex {
     /// What the native index does beyond the reference: the cross-tier rule's counters and,
     /// per worker, the recently removed blocks it remembers.
     fn native_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let native = self.core.native_counters();
+        let totals = self.core.totals();
         let counters = PyDict::new(py);
-        counters.set_item("recovered_parents", native.recovered_parents)?;
-        counters.set_item("recovered_moves", native.recovered_moves)?;
+        counters.set_item("recovered_parents", totals.recovered_parents)?;
+        counters.set_item("recovered_moves", totals.recovered_moves)?;
         let workers = PyDict::new(py);
         let capacity = PyDict::new(py);
         let peaks = PyDict::new(py);
@@ -813,6 +814,11 @@ impl NativeIndex {
         out.set_item("peak_engine_hashes", peaks)?;
         out.set_item("heap_bytes_estimate", heap)?;
         Ok(out)
+    }
+
+    /// The registered workers, in registration order.
+    fn worker_ids(&self) -> Vec<String> {
+        self.core.worker_ids()
     }
 
     /// Per data-parallel rank, the seq of the last batch applied.

@@ -4,7 +4,7 @@
 //! the hash spec version (u32), then the body, then xxh3_64 of everything before it (u64).
 //! Tables and maps are written sorted, so equal indexes give equal snapshots.
 //!
-//! Body: salt; recent policy; totals; native counters; spaces (model, block size, slot
+//! Body: salt; recent policy; totals; spaces (model, block size, slot
 //! count, per word and tier the (own, mask) pairs); workers in registration order (every
 //! field, the LRU in its order, the recently removed blocks' sets as they are).
 
@@ -19,11 +19,12 @@ use crate::index::Index;
 use crate::lru::Lru;
 use crate::recent::{Recent, Set, WAYS};
 use crate::space::{Space, TierSet, TIERS};
-use crate::stats::{ApplyStats, NativeCounters};
+use crate::stats::ApplyStats;
 use crate::worker::{RecentPolicy, Worker};
 
 pub const MAGIC: &[u8; 8] = b"FTKNIDX\0";
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// 2: the cross-tier counters are part of the totals.
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SnapshotError {
@@ -138,8 +139,6 @@ pub fn snapshot(index: &Index) -> Vec<u8> {
     let totals = index.totals.values();
     w.len(totals.len());
     totals.into_iter().for_each(|v| w.u64(v));
-    w.u64(index.native.recovered_parents);
-    w.u64(index.native.recovered_moves);
     w.len(index.spaces.len());
     for space in &index.spaces {
         w.str(&space.model);
@@ -360,10 +359,6 @@ pub fn restore(data: &[u8]) -> Res<Index> {
     index.totals = match ApplyStats::from_values(&totals) {
         Some(t) => t,
         None => return corrupt("counter count"),
-    };
-    index.native = NativeCounters {
-        recovered_parents: r.u64()?,
-        recovered_moves: r.u64()?,
     };
     let spaces = r.len(1)?;
     for si in 0..spaces {

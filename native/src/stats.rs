@@ -49,16 +49,11 @@ apply_stats!(
     trimmed_blocks,
     unknown_worker_batches,
     model_mismatch_batches,
+    // the cross-tier rule: stores whose parent, and blocks of stores without token ids
+    // (tier moves) whose engine hash, was found among the recently removed blocks
+    recovered_parents,
+    recovered_moves,
 );
-
-/// Counters of the native index beyond the reference's (the cross-tier rule).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NativeCounters {
-    /// Stores whose parent was found among the recently removed blocks.
-    pub recovered_parents: u64,
-    /// Blocks of stores without token ids (tier moves) found among the recently removed.
-    pub recovered_moves: u64,
-}
 
 #[cfg(test)]
 mod tests {
@@ -74,7 +69,7 @@ mod tests {
         let values = stats.values();
         assert_eq!(values.len(), ApplyStats::FIELDS.len());
         assert_eq!(ApplyStats::FIELDS[0], "batches");
-        assert_eq!(values[values.len() - 1], 7);
+        assert_eq!(values[ApplyStats::FIELDS.len() - 3], 7);
         assert_eq!(ApplyStats::from_values(&values), Some(stats));
         assert_eq!(ApplyStats::from_values(&values[1..]), None);
     }

@@ -11,7 +11,7 @@ use crate::hash::{self, Tokens};
 use crate::lru::Lru;
 use crate::recent::Recent;
 use crate::space::{Space, TierSet, GPU, WORD_BITS};
-use crate::stats::{ApplyStats, NativeCounters};
+use crate::stats::ApplyStats;
 use crate::table::U64Map;
 
 /// Store-only producers are swept at most this often per TTL (entries live ≤ TTL·(1+1/8)) …
@@ -27,12 +27,13 @@ pub struct RecentPolicy {
 }
 
 impl Default for RecentPolicy {
-    /// At least 4096 blocks, and as many as the worker held at its peak (one turnover of
-    /// its cache); 16 bytes per slot.
+    /// At least 4096 blocks, and an eighth of the most the worker ever held (an eighth of a
+    /// turnover of its cache: far more than the lag between an offload's store and the GPU
+    /// removal); 16 bytes per slot, 2 bytes per held block.
     fn default() -> Self {
         Self {
             min_blocks: 4096,
-            peak_factor: 1.0,
+            peak_factor: 0.125,
         }
     }
 }
@@ -144,10 +145,12 @@ impl Worker {
             self.lru = None;
             self.next_sweep_s = f64::INFINITY;
         } else if self.lru.is_none() {
-            // Blocks already held become the oldest (the order among them is the engine
-            // map's, which the Python reference keeps in insertion order and this port not).
+            // Blocks already held become the oldest, by engine hash (the order both
+            // backends can give: the maps' own orders differ).
+            let mut held: Vec<(u64, u64)> = self.emap.iter().collect();
+            held.sort_unstable();
             let mut lru = Lru::default();
-            for (engine, own) in self.emap.iter() {
+            for (engine, own) in held {
                 if !lru.set_engine(own, engine) {
                     lru.push_back(own, engine, f64::NEG_INFINITY);
                 }
@@ -198,7 +201,6 @@ impl Worker {
         event: &Stored<'_>,
         now_s: f64,
         stats: &mut ApplyStats,
-        native: &mut NativeCounters,
     ) {
         if !event.full_attention {
             self.nonfull_groups.insert(event.group_idx);
@@ -206,7 +208,7 @@ impl Worker {
             return;
         }
         if event.tokens.is_empty() {
-            self.move_blocks(space, event.hashes, event.tier, now_s, stats, native);
+            self.move_blocks(space, event.hashes, event.tier, now_s, stats);
             return;
         }
         if event.block_size != i64::from(self.block_size) {
@@ -217,7 +219,7 @@ impl Worker {
         if let Some(parent) = event.parent {
             match self.resolve(parent) {
                 Some((own, recovered)) => {
-                    native.recovered_parents += u64::from(recovered);
+                    stats.recovered_parents += u64::from(recovered);
                     seed = Some(own);
                 }
                 None => stats.unknown_parents += 1,
@@ -244,14 +246,13 @@ impl Worker {
         tier: usize,
         now_s: f64,
         stats: &mut ApplyStats,
-        native: &mut NativeCounters,
     ) {
         let mut known = Vec::with_capacity(hashes.len());
         let mut owns = Vec::with_capacity(hashes.len());
         for &engine in hashes {
             match self.resolve(engine) {
                 Some((own, recovered)) => {
-                    native.recovered_moves += u64::from(recovered);
+                    stats.recovered_moves += u64::from(recovered);
                     known.push(engine);
                     owns.push(own);
                 }
@@ -415,11 +416,13 @@ impl Worker {
             return;
         };
         self.tiers.remove(tier);
-        let gone: Vec<(u64, u64)> = self
+        let mut gone: Vec<(u64, u64)> = self
             .emap
             .iter()
             .filter(|&(_, own)| !self.holds(space, own))
             .collect();
+        // remembered by engine hash (the order both backends can give)
+        gone.sort_unstable();
         for (engine, own) in gone {
             self.emap.remove(engine);
             self.forget_engine(engine, own);

@@ -18,12 +18,14 @@ CACHE_HIT_FIELDS = ("block_size", "tokens", "gpu_tokens", "cpu_tokens", "disk_to
 
 # The keys of the Python reference's PrefixIndex.stats() (predictor/index.py at cf2e55d).
 WORKER_KEYS = {"model", "block_size", "eagle", "store_only", "approximate", "resets",
-               "last_reset_reason", "last_seq", "blocks", "engine_hashes", "duplicate_copies"}  # fmt: skip
+               "last_reset_reason", "last_seq", "blocks", "engine_hashes", "duplicate_copies",
+               "recently_removed"}  # fmt: skip
 APPLY_STATS = ("batches", "stored_blocks", "removed_blocks", "duplicate_stores",
                "unknown_parents", "unknown_removals", "absent_removals", "unknown_moves",
                "remapped_blocks", "ignored_blocks", "block_size_mismatch_blocks",
                "malformed_blocks", "clears", "resets", "expired_blocks", "trimmed_blocks",
-               "unknown_worker_batches", "model_mismatch_batches")  # fmt: skip
+               "unknown_worker_batches", "model_mismatch_batches", "recovered_parents",
+               "recovered_moves")  # fmt: skip
 
 
 # The reference's records (streams/records.py), reduced to what the index reads.
@@ -233,7 +235,7 @@ def test_snapshot_round_trip_and_refusals() -> None:
     assert fn.NativeIndex.restore(bytearray(data)).snapshot() == data
     with pytest.raises(ValueError, match="not a foretoken native index snapshot"):
         fn.NativeIndex.restore(msgspec.msgpack.encode([1, 2, b"salt", [], [], []]))
-    with pytest.raises(ValueError, match="version 7, this build reads 1"):
+    with pytest.raises(ValueError, match=f"version 7, this build reads {fn.SNAPSHOT_VERSION}"):
         fn.NativeIndex.restore(data[:8] + (7).to_bytes(4, "little") + data[12:])
     with pytest.raises(ValueError, match="corrupt"):
         fn.NativeIndex.restore(data[:-1])
