@@ -53,11 +53,11 @@ impl Recent {
         ((u128::from(mix(engine)) * self.sets.len() as u128) >> 64) as usize
     }
 
-    /// Loads the engine hash's set (see `FlatMap::touch`).
+    /// Starts loading the engine hash's set (see `FlatMap::prefetch`).
     #[inline]
-    pub fn touch(&self, engine: u64) {
+    pub fn prefetch(&self, engine: u64) {
         if !self.sets.is_empty() {
-            std::hint::black_box(self.sets[self.set_of(engine)].0[0][0]);
+            crate::prefetch::prefetch(&self.sets[self.set_of(engine)]);
         }
     }
 

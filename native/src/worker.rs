@@ -19,6 +19,11 @@ pub const SWEEPS_PER_TTL: f64 = 8.0;
 /// … and trimmed (down to capacity exactly) once they exceed capacity by 1/16.
 pub const CAPACITY_SLACK_DIV: u64 = 16;
 
+/// Blocks ahead whose cache lines a loop over an event's blocks starts loading (software
+/// pipelining: a probe into a table far larger than the caches is one miss, and a few
+/// independent ones in flight cost little more than one).
+const AHEAD: usize = 8;
+
 /// How many recently removed blocks a worker remembers (the cross-tier rule).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RecentPolicy {
@@ -273,9 +278,19 @@ impl Worker {
         stats: &mut ApplyStats,
     ) {
         let (word, bit) = (self.word(), self.bit());
+        let n = hashes.len();
+        for &engine in &hashes[..n.min(AHEAD)] {
+            self.emap.prefetch(engine);
+        }
+        for &own in &owns[..n.min(AHEAD)] {
+            space.words[word][tier].prefetch(own);
+        }
         // Pass 1 (the reference's setdefault pass), then the re-mapped engine hashes.
         let mut remaps: Vec<(usize, u64)> = Vec::new();
         for (i, (&engine, &own)) in hashes.iter().zip(owns).enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                self.emap.prefetch(ahead);
+            }
             let (inserted, old) = self.emap.get_or_insert(engine, own);
             if !inserted && *old != own {
                 remaps.push((i, *old));
@@ -291,7 +306,10 @@ impl Worker {
         self.tiers.insert(tier);
         stats.stored_blocks += owns.len() as u64;
         let table = &mut space.words[word][tier];
-        for &own in owns {
+        for (i, &own) in owns.iter().enumerate() {
+            if let Some(&ahead) = owns.get(i + AHEAD) {
+                table.prefetch(ahead);
+            }
             let (inserted, mask) = table.get_or_insert(own, bit);
             if inserted {
                 self.counts[tier] += 1;
@@ -324,17 +342,27 @@ impl Worker {
             return;
         }
         let (word, bit) = (self.word(), self.bit());
-        // start the cache misses of the whole event at once (engine map, then tables)
-        for &engine in hashes {
-            self.emap.touch(engine);
-            self.recent.touch(engine);
+        // A two-stage pipeline: 2·AHEAD blocks ahead the engine map's and the recently
+        // removed cache's lines start loading; AHEAD blocks ahead the engine map (in cache
+        // by then) names the own hash, whose table lines start loading.
+        let n = hashes.len();
+        for &engine in &hashes[..n.min(2 * AHEAD)] {
+            self.emap.prefetch(engine);
+            self.recent.prefetch(engine);
         }
-        for &engine in hashes {
+        for &engine in &hashes[..n.min(AHEAD)] {
             if let Some(own) = self.emap.get(engine) {
-                space.words[word][tier].touch(own);
+                space.words[word][tier].prefetch_run(own);
             }
         }
-        for &engine in hashes {
+        for (i, &engine) in hashes.iter().enumerate() {
+            if let Some(&ahead) = hashes.get(i + 2 * AHEAD) {
+                self.emap.prefetch(ahead);
+                self.recent.prefetch(ahead);
+            }
+            if let Some(own) = hashes.get(i + AHEAD).and_then(|&e| self.emap.get(e)) {
+                space.words[word][tier].prefetch_run(own);
+            }
             let Some(own) = self.emap.get(engine) else {
                 stats.unknown_removals += 1;
                 continue;
