@@ -26,7 +26,7 @@ import msgspec
 
 from foretoken.core.cost.fit import FitConfig, RobustFitConfig
 from foretoken.core.grading.join import JoinConfig
-from foretoken.core.index.protocol import IndexBackend
+from foretoken.core.index.protocol import IndexConfig
 from foretoken.core.routing.classes import ControlSettings, WorkloadClass
 from foretoken.core.routing.config import PredictorConfig
 
@@ -138,10 +138,9 @@ class LakeSettings(msgspec.Struct, kw_only=True, frozen=True):
     compact_after_s: float = 300.0
 
 
-class IndexSettings(msgspec.Struct, kw_only=True, frozen=True):
-    """Which backend of the cache index the processor runs (core.index.protocol)."""
-
-    backend: IndexBackend = "python"
+# Which backend of the cache index the processor runs, and the cross-tier rule's bound
+# (core.index.protocol.IndexConfig: backend "native" or "python").
+IndexSettings = IndexConfig
 
 
 class Settings(msgspec.Struct, kw_only=True, frozen=True):
@@ -157,7 +156,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     predictor: PredictorConfig = msgspec.field(default_factory=PredictorConfig)
     fits: FitConfig = msgspec.field(default_factory=FitConfig)
     join: JoinConfig = msgspec.field(default_factory=JoinConfig)
-    index: IndexSettings = IndexSettings()
+    index: IndexConfig = IndexConfig()
     wire_format: Literal["json", "msgpack"] = "json"
     state_dir: str = "~/.local/state/foretoken"
     cache_dir: str = "~/.cache/foretoken"
