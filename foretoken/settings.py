@@ -121,7 +121,7 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     body_read_timeout_s: float = 30.0
     # Prompts over this many tokens get a 400; 4 bytes a token in the route call, so it must
     # fit router.max_body_bytes (checked). max_tokens / max_completion_tokens at most this.
-    max_prompt_tokens: int = 4 * 1024 * 1024
+    max_prompt_tokens: int = 2 * 1024 * 1024
     max_output_tokens: int = 1024 * 1024
     # Bodies of at least this many bytes are decoded, and texts of at least this many
     # characters tokenized, in a worker thread instead of on the event loop.

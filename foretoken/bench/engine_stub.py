@@ -9,6 +9,11 @@ callbacks of a uvloop loop, on a bare asyncio protocol (HTTP/1.1 keep-alive, chu
 one process serves several ports (one per fake engine) at a fraction of a core. Also
 ``GET /health``, ``/healthz``, ``/v1/models``, ``/metrics``.
 
+For the tests, a body holding one of these markers changes the answer: ``__stub_refuse__``
+(a 400 with an OpenAI error body), ``__stub_error_event__`` (an SSE error event after the first
+token, then ``[DONE]``), ``__stub_break__`` (the connection dropped after the first token),
+``__stub_echo_headers__`` (the first token's text is the request's headers as JSON).
+
 ``--engines-out FILE`` writes the engines file the router, ingest and the bench use (KV
 events off: the route service credits the cache approximately).
 """
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -27,6 +34,15 @@ _LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.I)
 _MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d+)')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 _USAGE = re.compile(rb'"include_usage"\s*:\s*true')
+
+
+def head_lines(line: list[bytes], head: bytes) -> dict[str, str]:
+    """The request's headers, lower-cased names (only for ``__stub_echo_headers__``)."""
+    out = {}
+    for raw in head.split(b"\r\n")[1:]:
+        name, _, value = raw.decode("latin-1").partition(":")
+        out[name.strip().lower()] = value.strip()
+    return out
 
 
 def _chunk(data: bytes) -> bytes:
@@ -42,7 +58,8 @@ class Answers:
         self.text = _chunk(b"data: " + head + b'"object":"text_completion","choices":[{"index":0,'
                            b'"text":" tok","finish_reason":null}]}\n\n')  # fmt: skip
         self.chat = _chunk(b"data: " + head + b'"object":"chat.completion.chunk","choices":[{'
-                           b'"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n')  # fmt: skip
+                           b'"index":0,"delta":{"content":" tok"},'
+                           b'"finish_reason":null}]}\n\n')  # fmt: skip
         self.role = _chunk(b"data: " + head + b'"object":"chat.completion.chunk","choices":[{'
                            b'"index":0,"delta":{"role":"assistant","content":""},'
                            b'"finish_reason":null}]}\n\n')  # fmt: skip
@@ -83,6 +100,7 @@ class StubProtocol(asyncio.Protocol):
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.busy = False
+        self.head = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -102,6 +120,7 @@ class StubProtocol(asyncio.Protocol):
                     self.transport.close()
                 return
             head = self.buffer[:end]
+            self.head = head
             m = _LENGTH.search(head)
             length = int(m.group(1)) if m else 0
             if len(self.buffer) < end + 4 + length:
@@ -116,6 +135,8 @@ class StubProtocol(asyncio.Protocol):
         e = self.engine
         if method == b"POST" and path in (b"/v1/completions", b"/v1/chat/completions"):
             chat = path == b"/v1/chat/completions"
+            if b"__stub_" in body and self._special(head_lines(line, self.head), body, chat):
+                return
             m = _MAX_TOKENS.search(body)
             n = min(e.tokens, int(m.group(1))) if m else e.tokens
             if _STREAM.search(body):
@@ -130,13 +151,40 @@ class StubProtocol(asyncio.Protocol):
         if method == b"GET" and path in (b"/health", b"/healthz"):
             self.transport.write(json_response(200, b'{"status":"ok"}'))
         elif method == b"GET" and path == b"/v1/models":
-            self.transport.write(json_response(200, b'{"object":"list","data":[{"id":"'
-                                               + e.model.encode() + b'","object":"model"}]}'))  # fmt: skip
+            listing = b'{"object":"list","data":[{"id":"%s","object":"model"}]}' % e.model.encode()
+            self.transport.write(json_response(200, listing))
         elif method == b"GET" and path == b"/metrics":
             self.transport.write(json_response(200, b"foretoken_stub_requests_total %d\n"
                                                % e.served))  # fmt: skip
         else:
             self.transport.write(json_response(404, b'{"error":{"message":"not found"}}'))
+
+    def _special(self, headers: dict[str, str], body: bytes, chat: bool) -> bool:
+        """The test markers (see the module's docstring); False: none of them."""
+        assert self.transport is not None
+        e = self.engine
+        if b"__stub_refuse__" in body:
+            err = b'{"error":{"message":"stub refuses: prompt too long","type":"BadRequestError",'
+            self.transport.write(json_response(400, err + b'"param":null,"code":400}}'))
+            return True
+        one = e.answers.chat if chat else e.answers.text
+        if b"__stub_echo_headers__" in body:
+            text = json.dumps(json.dumps(headers))[1:-1].encode()
+            one = one.replace(b" tok", text, 1)
+            one = _chunk(one.split(b"\r\n", 1)[1].rsplit(b"\r\n", 1)[0])
+            tail = (e.answers.chat_end if chat else e.answers.text_end) + e.answers.done
+            self.transport.write(e.answers.stream_head + one + tail)
+            return True
+        if b"__stub_error_event__" in body:
+            err = _chunk(b'data: {"error":{"message":"stub failed mid-stream",'
+                         b'"type":"InternalError","code":500}}\n\n')  # fmt: skip
+            self.transport.write(e.answers.stream_head + one + err + e.answers.done)
+            return True
+        if b"__stub_break__" in body:
+            self.transport.write(e.answers.stream_head + one)
+            self.transport.close()
+            return True
+        return False
 
     def _token(self, chat: bool, left: int, n: int, usage: bool) -> None:
         t, e = self.transport, self.engine
@@ -148,7 +196,7 @@ class StubProtocol(asyncio.Protocol):
             if left > 1:
                 e.loop.call_later(e.itl_s, self._token, chat, left - 1, n, usage)
                 return
-        tail = (e.answers.chat_end if chat else e.answers.text_end)
+        tail = e.answers.chat_end if chat else e.answers.text_end
         t.write(tail + (e.answers.usage(n) if usage else b"") + e.answers.done)
         e.served += 1
         self._free()
@@ -161,6 +209,7 @@ class StubProtocol(asyncio.Protocol):
 
     def _free(self) -> None:
         self.busy = False
+        self.head = b""
         if self.buffer:
             self._next()
 
@@ -187,6 +236,10 @@ def engines_file(ports: list[int], model: str, host: str = "127.0.0.1") -> str:
     return "\n".join(out)
 
 
+def _factory(engine: StubEngine) -> Callable[[], StubProtocol]:
+    return lambda: StubProtocol(engine)
+
+
 async def serve(ports: list[int], model: str, tokens: int, ttft_s: float, itl_s: float,
                 engines_out: Path | None = None, host: str = "127.0.0.1") -> None:  # fmt: skip
     """Listen on every port; then write the engines file (so that it means "ready")."""
@@ -194,8 +247,7 @@ async def serve(ports: list[int], model: str, tokens: int, ttft_s: float, itl_s:
     servers = []
     for port in ports:
         engine = StubEngine(loop, model, tokens, ttft_s, itl_s)
-        servers.append(await loop.create_server(lambda e=engine: StubProtocol(e), host, port,
-                                                backlog=4096))  # fmt: skip
+        servers.append(await loop.create_server(_factory(engine), host, port, backlog=4096))
     if engines_out is not None:
         tmp = engines_out.with_suffix(".tmp")
         tmp.write_text(engines_file(ports, model, host))

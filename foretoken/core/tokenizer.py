@@ -15,7 +15,7 @@ few milliseconds instead of ~30 ms); other text takes the ``str`` pattern.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import xxhash
@@ -43,6 +43,17 @@ class SimTokenizer:
         hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, pieces), dtype=np.uint64)
         return (hashes % self._span + np.uint64(RESERVED_IDS)).astype(np.uint32)
 
+    def encode_slices(self, text: str, slice_chars: int) -> Iterator[np.ndarray]:
+        """The ids of ``text`` in pieces of about ``slice_chars`` characters, cut where a
+        whitespace follows a non-whitespace (no piece spans such a cut: a piece's whitespace
+        leads it), so that their concatenation is :meth:`encode_array`. Each slice is one
+        stretch of C code; between them another thread (an event loop) can run."""
+        start = 0
+        while start < len(text):
+            end = _cut(text, start + slice_chars)
+            yield self.encode_array(text[start:end])
+            start = end
+
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self.encode_array(text).tolist()
         return ids
@@ -50,6 +61,15 @@ class SimTokenizer:
     def decode_one(self, token_id: int) -> str:
         """A printable stand-in for a generated token (the simulator generates no text)."""
         return f" t{token_id}"
+
+
+def _cut(text: str, at: int) -> int:
+    """The first index ≥ ``at`` holding whitespace right after a non-whitespace (or the end)."""
+    n = len(text)
+    i = at
+    while i < n and not (text[i].isspace() and not text[i - 1].isspace()):
+        i += 1
+    return min(i, n)
 
 
 def transcript(turns: Iterable[tuple[str, str]]) -> str:

@@ -41,6 +41,16 @@ class HFTokenizer:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
 
+def _sliced(tokenizer: SimTokenizer, text: str, chars: int, limit: int | None) -> np.ndarray:
+    parts, count = [], 0
+    for part in tokenizer.encode_slices(text, chars):
+        parts.append(part)
+        count += len(part)
+        if limit is not None and count > limit:
+            break
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+
 class Tokenizers:
     """Model name → tokenizer, from ``{model: path}``; unknown models use the built-in one.
     Texts of at least ``off_loop_chars`` characters are tokenized in a worker thread."""
@@ -55,8 +65,14 @@ class Tokenizers:
     def for_model(self, model: str) -> Tokenizer:
         return self._by_model.get(model, self._default)
 
-    async def encode(self, model: str, text: str) -> np.ndarray:
+    async def encode(self, model: str, text: str, limit: int | None = None) -> np.ndarray:
+        """The ids of ``text``; with ``limit``, the built-in tokenizer may stop once it has
+        more than that many (the prompt is refused anyway)."""
         tokenizer = self.for_model(model)
         if len(text) < self.off_loop_chars:
             return tokenizer.encode_array(text)
+        if isinstance(tokenizer, SimTokenizer):
+            # The regex and the hashing hold the GIL for as long as one call runs: in slices,
+            # the event loop gets it back between them.
+            return await asyncio.to_thread(_sliced, tokenizer, text, self.off_loop_chars, limit)
         return await asyncio.to_thread(tokenizer.encode_array, text)

@@ -148,13 +148,13 @@ async def off_loop(state: RouterState, size: int, fn: Callable[..., Any], *args:
 
 async def tokens_of(state: RouterState, model: str, text: str | None,
                     ids: np.ndarray | None, param: str) -> np.ndarray:  # fmt: skip
-    tokens = ids if ids is not None else await state.tokenizers.encode(model, text or "")
+    limit = state.settings.router.max_prompt_tokens
+    tokens = ids if ids is not None else await state.tokenizers.encode(model, text or "", limit)
     if len(tokens) == 0:
         raise RequestError(f"{param} has no tokens (empty or whitespace only)", param=param)
-    limit = state.settings.router.max_prompt_tokens
     if len(tokens) > limit:
-        raise RequestError(f"the prompt has {len(tokens)} tokens, more than this router takes "
-                           f"({limit}, router.max_prompt_tokens)", param=param,
+        raise RequestError(f"the prompt has more than {limit} tokens, more than this router "
+                           "takes (router.max_prompt_tokens)", param=param,
                            code="context_length_exceeded")  # fmt: skip
     return tokens
 
@@ -492,8 +492,11 @@ def _serve(settings: Settings, engines: list[EngineConfig], host: str, port: int
            reuse_port: bool) -> None:  # fmt: skip
     import uvloop
 
+    # lingering_time: how long the rest of a refused body (413, 408) is drained before the
+    # connection closes
     web.run_app(make_app(settings, engines), host=host, port=port, access_log=None, print=None,
-                reuse_port=reuse_port or None, loop=uvloop.new_event_loop())  # fmt: skip
+                reuse_port=reuse_port or None, loop=uvloop.new_event_loop(),
+                handler_args={"lingering_time": 1.0})  # fmt: skip
 
 
 def run_router(settings: Settings, engines: list[EngineConfig], host: str, port: int) -> None:

@@ -120,7 +120,9 @@ def json_error(exc: Exception, raw: bytes = b"") -> RequestError:
             return RequestError(f"{where}: unknown field, not supported by this router",
                                 param=where)  # fmt: skip
         if what.startswith("Object missing required field"):
-            return RequestError(f"{what[0].lower()}{what[1:]}", param=what.split("`")[1])
+            name = what.split("`")[1]
+            where = f"{path}.{name}" if path else name
+            return RequestError(f"{where} is required", param=where)
         if path:
             return RequestError(f"{path}: {what[0].lower()}{what[1:]}", param=path)
         return RequestError(f"the body must be a JSON object: {what}")
@@ -154,8 +156,9 @@ def decode_openai(raw: bytes, chat: bool, max_output_tokens: int) -> Decoded:
     _check_common(body, max_output_tokens)
     text, ids = (_chat_text(body), None) if isinstance(body, ChatBody) else _prompt(body)
     usage = body.stream_options is not None and body.stream_options.include_usage
-    return Decoded(body=body, chat=chat, text=text, token_ids=ids,
-                   upstream=upstream_body(fields, body.stream_options), wants_usage=usage)  # fmt: skip
+    upstream = upstream_body(fields, body.stream_options)
+    return Decoded(body=body, chat=chat, text=text, token_ids=ids, upstream=upstream,
+                   wants_usage=usage)  # fmt: skip
 
 
 def _check_common(body: Body, max_output_tokens: int) -> None:
