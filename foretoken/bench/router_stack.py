@@ -83,7 +83,9 @@ class Stack:
         return "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in self.tmp.glob("*.log"))
 
 
-def start_stack(tmp: Path, route_timeout_s: float, router_processes: int = 1) -> Stack:
+def start_stack(tmp: Path, route_timeout_s: float, router_processes: int = 1,
+                fleet: str | None = None) -> Stack:  # fmt: skip
+    """The stack on the engine stub, or with ``fleet`` (a fleet name) on simulated engines."""
     base = load_settings()
     started = False
     if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
@@ -103,13 +105,20 @@ def start_stack(tmp: Path, route_timeout_s: float, router_processes: int = 1) ->
         stack.worker_url = f"http://127.0.0.1:{port}"
         wait_http(f"{stack.worker_url}/healthz", START_TIMEOUT_S, stack.procs["worker"])
         engines_file = tmp / "engines.toml"
-        ports = ",".join(str(free_port()) for _ in range(STUB_ENGINES))
-        stack.procs["stub"] = spawn(
-            [sys.executable, "-m", "foretoken.bench.engine_stub", "--ports", ports,
-             "--model", STUB_MODEL, "--engines-out", str(engines_file)],
-            env, tmp / "stub.log",
-        )  # fmt: skip
-        _wait_for(engines_file.exists, stack.procs["stub"], "the engines file")
+        if fleet is None:
+            ports = ",".join(str(free_port()) for _ in range(STUB_ENGINES))
+            stack.procs["stub"] = spawn(
+                [sys.executable, "-m", "foretoken.bench.engine_stub", "--ports", ports,
+                 "--model", STUB_MODEL, "--engines-out", str(engines_file)],
+                env, tmp / "stub.log",
+            )  # fmt: skip
+        else:
+            stack.procs["fleet"] = spawn(foretoken_cmd(
+                "fleet", "run", fleet, "--base-port", "0", "--kv-base-port", "0",
+                "--engines-out", str(engines_file),
+            ), env, tmp / "fleet.log")  # fmt: skip
+        engines_proc = stack.procs["stub" if fleet is None else "fleet"]
+        _wait_for(engines_file.exists, engines_proc, "the engines file")
         stack.engines = load_engines(engines_file)
         stack.procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines_file)), env,
                                       tmp / "ingest.log")  # fmt: skip

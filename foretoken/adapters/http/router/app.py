@@ -56,6 +56,13 @@ log = logging.getLogger(__name__)
 STATE: web.AppKey[RouterState] = web.AppKey("state")
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+OUTCOMES = ("ok", "error", "cancelled", "rejected", "too_large", "bad_request")
+
+
+class EventStream(web.StreamResponse):
+    """A streamed answer whose headers go out with its first bytes (one write, not two)."""
+
+    _send_headers_immediately = False
 _encoder = msgspec.json.Encoder()
 
 
@@ -65,6 +72,7 @@ class RouterMetrics:
         self.requests = Counter(
             "foretoken_router_requests", "Requests by outcome.", ["outcome"], registry=self.registry
         )
+        self.outcome = {name: self.requests.labels(name) for name in OUTCOMES}
         self.fallbacks = Counter(
             "foretoken_router_fallbacks", "Decisions made without the route service.",
             ["reason"], registry=self.registry,
@@ -128,6 +136,8 @@ async def read_body(request: web.Request, settings: Settings) -> bytes:
     if request.content_length is not None and request.content_length > cfg.max_body_bytes:
         raise RequestError(f"the body ({request.content_length} bytes) is over the limit of "
                            f"{cfg.max_body_bytes} (router.max_body_bytes)", status=413)  # fmt: skip
+    if request.content.is_eof():  # all of it came with the head: nothing to wait for
+        return await request.read()
     try:
         async with asyncio.timeout(cfg.body_read_timeout_s):
             return await request.read()
@@ -188,13 +198,13 @@ async def route(state: RouterState, p: Placement, anthropic_shape: bool
             state.metrics.fallbacks.labels(reason).inc()
     state.publisher.put("grants", grant)
     if grant.reject_reason == RejectReason.PROMPT_EXCEEDS_KV_CAPACITY:
-        state.metrics.requests.labels("too_large").inc()
+        state.metrics.outcome["too_large"].inc()
         return errors.error(anthropic_shape, 400,
                             f"the prompt ({len(p.token_ids)} tokens) exceeds the KV capacity of "
                             "every worker of this model", code="context_length_exceeded",
                             request_id=p.request_id)  # fmt: skip
     if not grant.admitted or url is None or grant.worker_id is None:
-        state.metrics.requests.labels("rejected").inc()
+        state.metrics.outcome["rejected"].inc()
         state.routing.rejected(p.client_id)
         return errors.rejection(grant, anthropic_shape)
     state.routing.admitted(p.client_id)
@@ -226,17 +236,17 @@ async def relay_to_engine(
                                  first_token, state.engine_timeout)  # fmt: skip
     except ClientGone:
         publish_completion(state, p, worker, engine, arrived, None, "cancelled", "client went away")
-        state.metrics.requests.labels("cancelled").inc()
+        state.metrics.outcome["cancelled"].inc()
         return None
     except asyncio.CancelledError:
         publish_completion(state, p, worker, engine, arrived, None, "cancelled", "client went away")
-        state.metrics.requests.labels("cancelled").inc()
+        state.metrics.outcome["cancelled"].inc()
         raise
     finally:
         state.routing.sent(worker, -n)
     publish_completion(state, p, worker, engine, arrived, measured, measured.status,
                        measured.error)  # fmt: skip
-    state.metrics.requests.labels(measured.status).inc()
+    state.metrics.outcome[measured.status].inc()
     return measured
 
 
@@ -273,7 +283,7 @@ def engine_refusal(m: Measured, anthropic_shape: bool, request_id: str) -> web.R
 
 
 def refused(state: RouterState, exc: RequestError, anthropic_shape: bool) -> web.Response:
-    state.metrics.requests.labels("bad_request").inc()
+    state.metrics.outcome["bad_request"].inc()
     resp = errors.error(anthropic_shape, exc.status, exc.message, kind=exc.kind, code=exc.code,
                         param=exc.param)  # fmt: skip
     if exc.status in (408, 413):
@@ -310,7 +320,7 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
         return routed
     grant, url = routed
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    response = web.StreamResponse(headers={**SSE_HEADERS, "x-request-id": p.request_id})
+    response = EventStream(headers={**SSE_HEADERS, "x-request-id": p.request_id})
     relay: OpenAIStream | Collected = (
         OpenAIStream(request, response, chat, d.wants_usage) if d.body.stream else Collected(chat)
     )
@@ -357,7 +367,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if isinstance(routed, web.Response):
         return routed
     grant, url = routed
-    response = (web.StreamResponse(headers={**SSE_HEADERS, "request-id": p.request_id})
+    response = (EventStream(headers={**SSE_HEADERS, "request-id": p.request_id})
                 if body.stream else None)  # fmt: skip
     relay = anthropic.AnthropicRelay(request, response, f"msg_{p.request_id}", body.model,
                                      len(tokens))  # fmt: skip
