@@ -78,13 +78,13 @@ def start_stack(settings: Settings, tmp: Path, fleet: str = "small", time_scale:
 
 @dataclass
 class ScaledStack:
-    """A primary, route replicas and routers sharing one port (SO_REUSEPORT), in front of a
-    simulated fleet: the scaled profile of docker-compose.yml as real processes."""
+    """A primary, route replicas and router processes sharing one port (``router.processes``,
+    SO_REUSEPORT), in front of a simulated fleet: the scaled profile of docker-compose.yml as
+    real processes."""
 
     primary: RunningWorker
     replicas: list[RunningWorker]
     router_url: str
-    router_urls: list[str]  # each router's own address is the shared one; kept per process
     engines: list[dict[str, Any]]
     tmp: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -145,15 +145,14 @@ def start_scaled_stack(settings: Settings, tmp: Path, replicas: int = 2, routers
         port = free_port()
         router_env = {**env, "FORETOKEN_ROUTE_URLS": ",".join(w.url for w in workers),
                       "FORETOKEN_ROUTE_TIMEOUT_S": str(route_timeout_s),
-                      "FORETOKEN_ROUTER_REUSE_PORT": "true"}  # fmt: skip
-        for i in range(routers):
-            procs[f"router{i}"] = spawn(
-                foretoken_cmd("router", "-e", str(engines_file), "--port", str(port)),
-                router_env, tmp / f"router{i}.log",
-            )  # fmt: skip
+                      "FORETOKEN_ROUTER_PROCESSES": str(routers)}  # fmt: skip
+        # router.processes: that many router processes on the port (SO_REUSEPORT)
+        procs["router"] = spawn(
+            foretoken_cmd("router", "-e", str(engines_file), "--port", str(port)),
+            router_env, tmp / "router.log",
+        )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
-        for i in range(routers):
-            wait_http(f"{url}/healthz", START_S, procs[f"router{i}"])
+        wait_http(f"{url}/healthz", START_S, procs["router"])
         model = engines[0]["model"]
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:  # every replica knows every engine
@@ -161,7 +160,7 @@ def start_scaled_stack(settings: Settings, tmp: Path, replicas: int = 2, routers
             if all(len(p["workers"]) == len(engines) for p in pages):
                 break
             time.sleep(0.3)
-        return ScaledStack(primary, workers, url, [url] * routers, engines, tmp, procs)
+        return ScaledStack(primary, workers, url, engines, tmp, procs)
     except Exception:
         for p in procs.values():
             stop(p)

@@ -268,7 +268,9 @@ def run_worker(settings: Settings) -> None:
         _check_sharding(settings, partitions)
         keeper = None
         if settings.worker.role == "primary":
-            keeper = IndexKeeper.load(settings.topic("kv_events"), snapshot_path(settings))
+            keeper = IndexKeeper.load(
+                settings.topic("kv_events"), snapshot_path(settings), settings.index
+            )
             group = settings.group_id
             # Rebuild in-memory state: every registration, the KV batches the snapshot lacks.
             for logical, offsets in (("workers", None), ("kv_events", keeper.next_offsets())):

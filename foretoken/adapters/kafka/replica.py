@@ -59,7 +59,7 @@ class Rebalancer:
         state.owned = {p for t, p in tps if t == kv}
         loop = asyncio.get_running_loop()
         path = snapshot_path(self.settings)
-        keeper = await loop.run_in_executor(None, IndexKeeper.load, kv, path)
+        keeper = await loop.run_in_executor(None, IndexKeeper.load, kv, path, self.settings.index)
         dropped = adopt(state, keeper)
         starts = await self._starts(assigned, keeper)
         committed = await consumer._commit(starts)  # as a member: Faust seeks there next
