@@ -9,11 +9,13 @@ it publishes every decision on ``grants`` — that is how a replica learns the o
 decisions. Route replicas (``foretoken worker --role route``) run as real processes on topics
 of their own:
 
-* **one replica**: the rate ladder (open loop, evenly spaced) against replica 0;
-* **two replicas**: replica 1 is started, catches up (``/healthz`` 200), and the same ladder
-  is spread round-robin over both;
-* (full run) **two replicas without shares**: both restarted with
-  ``predictor.replica_tie_margin_s = 0``, one rate, for the herding baseline.
+* both replicas are started and caught up (``/healthz`` 200); then, at each rate of the
+  ladder (open loop, evenly spaced), windows alternate between **one replica** (every
+  request to replica 0) and **two replicas** (round-robin over both), A B (A B in the full
+  run), so that both configurations see the same background load on a shared machine;
+* the herding probe (pairs of simultaneous requests, one to each replica);
+* (full run) the probe again with both replicas restarted with
+  ``predictor.replica_tie_margin_s = 0`` (no shares): the herding baseline.
 
 Throughput at the p99 target (:data:`P99_TARGET_MS`) is the achieved rate where the ladder's
 p99 crosses the target (linear between the last rate under it and the first over it);
@@ -50,15 +52,20 @@ from foretoken.adapters.kafka.topics import ensure_topics
 from foretoken.adapters.ports import free_port
 from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, wait_http
 from foretoken.bench import route_bench as rb
+from foretoken.core.types import RequestId
 from foretoken.ops import kafka_local
 from foretoken.settings import Settings, load_settings
-from foretoken.wire.route_rpc import RouteResponse
+from foretoken.wire.route_rpc import RouteRequest, RouteResponse, pack_token_ids
 
 P99_TARGET_MS = 100.0
-RATES = (25.0, 50.0, 75.0, 100.0, 125.0, 150.0, 175.0, 200.0, 250.0)
-QUICK_RATES = (40.0, 80.0, 120.0, 160.0, 200.0)
+RATES = (20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 120.0, 140.0, 160.0)
+QUICK_RATES = (20.0, 40.0, 60.0, 80.0, 100.0, 120.0)
 SATURATED_P99_MS = 1000.0
-HERDING_RATE = 50.0  # the no-share baseline's rate (requests/s)
+PAIRS, QUICK_PAIRS = 100, 40  # the herding probe
+PAIR_GAP_S = 0.5
+# The probe's prompts: a document's 16k-token prefix (cached on two workers) and a short
+# unique tail, so that most of each prompt is cached and the two caching workers tie.
+PAIR_SUFFIX_TOKENS = 2048
 MSGPACK = {"Content-Type": "application/msgpack"}
 
 
@@ -106,12 +113,17 @@ def throughput_at(steps: list[dict[str, Any]], target_ms: float) -> float | None
 
 
 async def _ladder(
-    settings: Settings, urls: list[str], rates: Sequence[float], seconds: float,
-    bodies: list[bytes], producer: AIOKafkaProducer, counter: list[int],
-) -> tuple[list[dict[str, Any]], Decisions]:  # fmt: skip
+    settings: Settings, replicas: Replicas, urls: list[str], rates: Sequence[float],
+    seconds: float, rounds: int, bodies: list[bytes], producer: AIOKafkaProducer,
+    counter: list[int],
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """The open-loop rate ladder, one replica (``urls[0]``) and two side by side: at each
+    rate, windows alternating A (one) B (both) ``rounds`` times, so both see the same
+    background load. Per step: latency, the cores the replicas and this client used, the
+    replicas' queue-view staleness and the window's herding. A stops once it saturates (its
+    backlog would spill into B's windows); the ladder stops when B does."""
     engines = rb.Engines(producer, settings)
-    decisions = Decisions()
-    steps: list[dict[str, Any]] = []
+    out: dict[str, list[dict[str, Any]]] = {"one_replica": [], "two_replicas": []}
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=timeout
@@ -120,14 +132,102 @@ async def _ladder(
             # warm-up: the queue models at their steady depth (not counted)
             await _window(session, urls, rate, min(seconds, 1.5), bodies, engines, producer,
                           settings, counter, Decisions())  # fmt: skip
-            w = await _window(session, urls, rate, seconds, bodies, engines, producer,
-                              settings, counter, decisions)  # fmt: skip
-            summary = rb.summary([w])
-            steps.append({"rate_rps": rate, "route": summary, "loadavg_1m": os.getloadavg()[0]})
-            await asyncio.gather(*list(engines.tasks), return_exceptions=True)
-            if (summary["p99_ms"] or 0.0) > SATURATED_P99_MS:
+            configs = [("two_replicas", urls)]
+            if not _saturated(out["one_replica"]):
+                configs.insert(0, ("one_replica", urls[:1]))
+            windows: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in configs}
+            for _ in range(rounds):
+                for name, targets in configs:
+                    windows[name].append(await _measured(
+                        session, replicas, targets, rate, seconds, bodies, engines, producer,
+                        settings, counter,
+                    ))  # fmt: skip
+                    await asyncio.gather(*list(engines.tasks), return_exceptions=True)
+            for name, got in windows.items():
+                out[name].append(_step(rate, got))
+            if _saturated(out["two_replicas"]):
                 break
-    return steps, decisions
+    return out
+
+
+def _saturated(steps: list[dict[str, Any]]) -> bool:
+    return bool(steps) and (steps[-1]["route"]["p99_ms"] or 0.0) > SATURATED_P99_MS
+
+
+async def _measured(
+    session: aiohttp.ClientSession, replicas: Replicas, urls: list[str], rate: float,
+    seconds: float, bodies: list[bytes], engines: rb.Engines, producer: AIOKafkaProducer,
+    settings: Settings, counter: list[int],
+) -> dict[str, Any]:  # fmt: skip
+    decisions = Decisions()
+    since, cpu0, wall0 = time.time(), replicas.cpu(), time.perf_counter()
+    own0 = time.process_time()
+    w = await _window(session, urls, rate, seconds, bodies, engines, producer, settings,
+                      counter, decisions)  # fmt: skip
+    wall = time.perf_counter() - wall0
+    w["replica_cores"] = {i: (c - cpu0.get(i, 0.0)) / wall for i, c in replicas.cpu().items()}
+    w["client_cores"] = (time.process_time() - own0) / wall
+    w["staleness_s"] = _staleness(urls, since) if len(urls) > 1 else []
+    w["decisions"] = decisions
+    w["loadavg_1m"] = os.getloadavg()[0]
+    return w
+
+
+def _step(rate: float, windows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [r for w in windows for r in w["decisions"].rows]
+    stale = [v for w in windows for v in w["staleness_s"] if v["samples"]]
+    window_s = max((v["p99"] for v in stale), default=0.0)
+    cores: dict[int, float] = {}
+    for w in windows:
+        for i, c in w["replica_cores"].items():
+            cores[i] = cores.get(i, 0.0) + c / len(windows)
+    return {
+        "rate_rps": rate, "route": rb.summary(windows),
+        "loadavg_1m": round(sum(w["loadavg_1m"] for w in windows) / len(windows), 2),
+        "replica_cores": {i: round(c, 2) for i, c in cores.items()},
+        "client_cores": round(sum(w["client_cores"] for w in windows) / len(windows), 2),
+        "staleness_s": stale, "herding": herding(rows, window_s),
+    }  # fmt: skip
+
+
+def pair_bodies(docs: list[list[int]], rng: random.Random) -> list[bytes]:
+    """Two route bodies per document (same prefix, own tails) for the herding probe."""
+    out = []
+    for doc in docs:
+        for _ in range(2):
+            tail = [rng.randrange(1, 150_000) for _ in range(PAIR_SUFFIX_TOKENS)]
+            req = RouteRequest(request_id=RequestId(rb.RID_PLACEHOLDER), model=rb.MODEL,
+                               packed_token_ids=pack_token_ids(doc + tail))  # fmt: skip
+            out.append(msgspec.msgpack.encode(req))
+    return out
+
+
+async def _pairs(
+    settings: Settings, urls: list[str], pairs: int, gap_s: float, bodies: list[bytes],
+    producer: AIOKafkaProducer, counter: list[int],
+) -> dict[str, Any]:  # fmt: skip
+    """The herding probe: ``pairs`` times, two requests for the same document at the same
+    moment, one to each replica (decided well inside any staleness: neither can know of the
+    other), the pairs ``gap_s`` apart so that idle workers come back. Herded: both admitted
+    on the same worker, which both saw idle. ``bodies``: :func:`pair_bodies`."""
+    engines = rb.Engines(producer, settings)
+    both_idle = herded = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for k in range(pairs):
+            got = [Decisions(), Decisions()]
+            await asyncio.gather(*(
+                _one(session, urls, replica, 2 * k + replica, bodies, engines, producer,
+                     settings, counter, got[replica])
+                for replica in range(2)
+            ))  # fmt: skip
+            rows = [d.rows[0] for d in got if d.rows]
+            if len(rows) == 2 and rows[0][3] and rows[1][3]:
+                both_idle += 1
+                herded += rows[0][2] == rows[1][2]
+            await asyncio.sleep(gap_s)
+        await asyncio.gather(*list(engines.tasks), return_exceptions=True)
+    return {"pairs": pairs, "both_chose_idle_workers": both_idle, "same_idle_worker": herded,
+            "herding_rate": round(herded / pairs, 4) if pairs else None}  # fmt: skip
 
 
 async def _window(
@@ -143,27 +243,9 @@ async def _window(
     lag: list[float] = []
 
     async def one(i: int) -> None:
-        replica = i % len(urls)
-        counter[0] += 1
-        rid = f"r{counter[0]:011d}"
-        body = bodies[i % len(bodies)].replace(rb.RID_PLACEHOLDER.encode(), rid.encode(), 1)
-        started = time.perf_counter()
-        try:
-            async with session.post(f"{urls[replica]}/v1/route", data=body,
-                                    headers=MSGPACK) as resp:  # fmt: skip
-                raw = await resp.read()
-                status = str(resp.status)
-            latencies.append(time.perf_counter() - started)
-            if resp.status == 200:
-                decided = msgspec.json.decode(raw, type=RouteResponse)
-                status = "admitted" if decided.grant.admitted else "rejected"
-                decisions.add(replica, decided)
-                await rb.send(producer, settings, "grants", decided.grant)
-                if decided.grant.admitted:
-                    engines.admitted(decided)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            latencies.append(time.perf_counter() - started)
-            status = type(exc).__name__
+        status, latency = await _one(session, urls, i % len(urls), i, bodies, engines,
+                                     producer, settings, counter, decisions)  # fmt: skip
+        latencies.append(latency)
         statuses[status] = statuses.get(status, 0) + 1
 
     tasks = []
@@ -178,6 +260,36 @@ async def _window(
     await asyncio.gather(*tasks)
     return {"latencies": latencies, "statuses": statuses, "lag": lag,
             "achieved_rps": n / max(time.perf_counter() - t0, 1e-9)}  # fmt: skip
+
+
+async def _one(
+    session: aiohttp.ClientSession, urls: list[str], replica: int, i: int, bodies: list[bytes],
+    engines: rb.Engines, producer: AIOKafkaProducer, settings: Settings, counter: list[int],
+    decisions: Decisions,
+) -> tuple[str, float]:  # fmt: skip
+    """One route call to ``urls[replica]``: (status, latency); the decision is published on
+    ``grants`` (as the router does) and, admitted, played as the engines would."""
+    counter[0] += 1
+    rid = f"r{counter[0]:011d}"
+    body = bodies[i % len(bodies)].replace(rb.RID_PLACEHOLDER.encode(), rid.encode(), 1)
+    started = time.perf_counter()
+    try:
+        async with session.post(f"{urls[replica]}/v1/route", data=body,
+                                headers=MSGPACK) as resp:  # fmt: skip
+            raw = await resp.read()
+            status = str(resp.status)
+        latency = time.perf_counter() - started
+        if resp.status == 200:
+            decided = msgspec.json.decode(raw, type=RouteResponse)
+            status = "admitted" if decided.grant.admitted else "rejected"
+            decisions.add(replica, decided)
+            await rb.send(producer, settings, "grants", decided.grant)
+            if decided.grant.admitted:
+                engines.admitted(decided)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        latency = time.perf_counter() - started
+        status = type(exc).__name__
+    return status, latency
 
 
 class Replicas:
@@ -202,20 +314,33 @@ class Replicas:
     def stop(self, i: int) -> None:
         stop(self.procs.pop(i))
 
+    def cpu(self) -> dict[int, float]:
+        """CPU seconds each running replica has used."""
+        return {i: rb.cpu_seconds(p.pid) for i, p in self.procs.items()}
+
     def stop_all(self) -> None:
         for i in list(self.procs):
             self.stop(i)
 
 
-def _staleness(urls: list[str]) -> dict[str, Any]:
+def _staleness(urls: list[str], since: float) -> list[dict[str, Any]]:
+    """Each replica's queue-view staleness samples since ``since`` (percentiles, s)."""
+    out = []
+    for url in urls:
+        with contextlib.suppress(OSError, ValueError):
+            out.append(get_json(f"{url}/v1/staleness?since={since}", timeout_s=30.0))
+    return out
+
+
+def _replica_stats(urls: list[str]) -> dict[str, Any]:
     out = {}
     for url in urls:
         with contextlib.suppress(OSError, ValueError):
             stats = get_json(f"{url}/v1/stats", timeout_s=30.0)
-            out[url] = {"staleness_s": stats["queue_view_staleness_s"],
-                        "share": stats["replica_share"], "share_moves": stats["share_moves"],
-                        "rss_bytes": stats["memory"]["rss_bytes"],
-                        "index_blocks": stats["memory"]["index_blocks"]}  # fmt: skip
+            out[url] = {"share": stats["replica_share"], "share_moves": stats["share_moves"],
+                        "overruled_decisions": stats["overruled_decisions"],
+                        "routes_answered": stats["routes_answered"],
+                        "memory": stats["memory"]}  # fmt: skip
     return out
 
 
@@ -250,19 +375,19 @@ async def _drive(settings: Settings, replicas: Replicas, rates: Sequence[float],
         await producer.flush()
         bodies = rb.body_templates(docs, rng, 64)
         counter = [0]
-        urls = [replicas.start(0)]
-        await _learned(urls)
-        one, _ = await _ladder(settings, urls, rates, seconds, bodies, producer, counter)
-        urls.append(replicas.start(1))
+        urls = [replicas.start(0), replicas.start(1)]
         await _learned(urls)
         await asyncio.sleep(3 * settings.worker.member_interval_s)  # both see both: shares
-        two, decided = await _ladder(settings, urls, rates, seconds, bodies, producer, counter)
-        stale = _staleness(urls)
-        p99s = [v["staleness_s"]["p99"] for v in stale.values() if v["staleness_s"]["p99"]]
-        window_s = max(p99s) if p99s else 0.05
+        rounds = 1 if quick else 2
+        ladder = await _ladder(settings, replicas, urls, rates, seconds, rounds, bodies,
+                               producer, counter)  # fmt: skip
+        one, two = ladder["one_replica"], ladder["two_replicas"]
+        pairs = PAIRS if not quick else QUICK_PAIRS
+        probe_bodies = pair_bodies(docs, rng)
+        probe = await _pairs(settings, urls, pairs, PAIR_GAP_S, probe_bodies, producer, counter)
         result: dict[str, Any] = {
-            "one_replica": one, "two_replicas": two, "replicas": stale,
-            "herding_with_shares": herding(decided.rows, window_s),
+            "one_replica": one, "two_replicas": two, "replicas": _replica_stats(urls),
+            "herding_pairs_with_shares": probe,
         }  # fmt: skip
         if not quick:  # the baseline: the same two replicas, no shares
             replicas.stop_all()
@@ -270,10 +395,9 @@ async def _drive(settings: Settings, replicas: Replicas, rates: Sequence[float],
             urls = [replicas.start(0, **off), replicas.start(1, **off)]
             await _learned(urls)
             await asyncio.sleep(3 * settings.worker.member_interval_s)
-            _, plain = await _ladder(settings, urls, [HERDING_RATE], seconds * 2, bodies,
-                                     producer, counter)  # fmt: skip
-            result["herding_without_shares"] = herding(plain.rows, window_s)
-        result["staleness_window_s"] = window_s
+            result["herding_pairs_without_shares"] = await _pairs(
+                settings, urls, pairs, PAIR_GAP_S, probe_bodies, producer, counter
+            )
         return result
     finally:
         await producer.stop()
@@ -313,18 +437,23 @@ def run_replicas(quick: bool, count: int = 2, *, seconds: float | None = None) -
     one_rps = throughput_at(result["one_replica"], P99_TARGET_MS)
     two_rps = throughput_at(result["two_replicas"], P99_TARGET_MS)
     speedup = round(two_rps / one_rps, 2) if one_rps and two_rps else None
-    herd = result["herding_with_shares"]
-    base_herd = result.get("herding_without_shares") or {}
-    stale = [v["staleness_s"] for v in result["replicas"].values()]
+    base_probe = result.get("herding_pairs_without_shares") or {}
+    two = result["two_replicas"]
+    live = [s for s in two if (s["route"]["p99_ms"] or 0.0) <= P99_TARGET_MS] or two[:1]
+    stale = [v for s in live for v in s["staleness_s"] if v["samples"]]
     summary = {
         "replica_speedup": speedup,
         "throughput_one_replica_rps": one_rps,
         "throughput_two_replicas_rps": two_rps,
         "p99_target_ms": P99_TARGET_MS,
-        "staleness_p50_ms": _ms(max((s["p50"] or 0.0) for s in stale) if stale else None),
-        "staleness_p99_ms": _ms(result["staleness_window_s"]),
-        "herding_rate": herd["herding_rate"],
-        "herding_rate_without_shares": base_herd.get("herding_rate"),
+        # at the rates two replicas sustain within the target
+        "staleness_p50_ms": _ms(max((v["p50"] for v in stale), default=None)),
+        "staleness_p99_ms": _ms(max((v["p99"] for v in stale), default=None)),
+        "herding_rate_ladder": max(
+            (s["herding"]["herding_rate"] or 0.0 for s in live), default=None
+        ),
+        "herding_rate_pairs": result["herding_pairs_with_shares"]["herding_rate"],
+        "herding_rate_pairs_without_shares": base_probe.get("herding_rate"),
         "loadavg_1m_start": round(load_start[0], 2),
         "loadavg_1m_end": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),

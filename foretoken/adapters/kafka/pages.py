@@ -1,5 +1,6 @@
 """The processor's web pages (served by Faust's web server on ``worker.web_port``):
-``/healthz /metrics /v1/stats /v1/config /v1/route /v1/cache/{model} /v1/fits /v1/controls``.
+``/healthz /metrics /v1/stats /v1/staleness /v1/config /v1/route /v1/cache/{model} /v1/fits
+/v1/controls``.
 
 ``/healthz`` is the readiness a router checks (:mod:`foretoken.adapters.kafka.lag`: a route
 replica answers 503 while it catches up). ``/v1/route`` on a route instance sharded by model
@@ -42,6 +43,15 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
     @app.page("/v1/stats")
     async def stats(self: View, request: Request) -> Response:
         return self.json(state.stats())
+
+    @app.page("/v1/staleness")
+    async def staleness(self: View, request: Request) -> Response:
+        """Queue-view staleness since ``?since=<unix ts>`` (default: all kept samples)."""
+        try:
+            since = float(request.query.get("since", 0.0))
+        except ValueError:
+            return self.json({"error": "since must be a unix time in seconds"}, status=400)
+        return self.json(state.staleness_since(since))
 
     @app.page("/v1/config")
     async def config(self: View, request: Request) -> Response:

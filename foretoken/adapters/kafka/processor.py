@@ -69,8 +69,9 @@ class ProcessorState:
         self.members = MembersView(ALIVE_INTERVALS * settings.worker.member_interval_s)
         # The partitions of the input topics Kafka assigned us (co-partitioned).
         self.owned: set[int] = set(range(settings.layout.partitions))
-        # Seconds from another replica's decision to its grant in our queue model.
-        self.staleness: deque[float] = deque(maxlen=STALENESS_MEMORY)
+        # (when, seconds) from another replica's decision to its grant in our queue model,
+        # once caught up (a replay of old grants is catching up, not staleness).
+        self.staleness: deque[tuple[float, float]] = deque(maxlen=STALENESS_MEMORY)
         self.routes_answered = 0
         self.forwarded = 0
         approx = approx_config(settings)
@@ -109,9 +110,10 @@ class ProcessorState:
     def on_grant(self, record: Record, pos: Position) -> list[tuple[str, Record]]:
         assert isinstance(record, Grant)
         now = time.time()
-        if not record.fallback and record.request_id not in self.core.service.decisions:
+        if (not record.fallback and self.lag.caught_up_at is not None
+                and record.request_id not in self.core.service.decisions):  # fmt: skip
             # decided elsewhere: how long it took to reach our queue model
-            self.staleness.append(max(0.0, now - record.ts))
+            self.staleness.append((now, max(0.0, now - record.ts)))
             self.metrics.staleness.observe(max(0.0, now - record.ts))
         if not self.grading:
             self.core.service.on_grant(record, now)
@@ -235,10 +237,14 @@ class ProcessorState:
             "replica_share": None if share is None else [share.index, share.count],
             "share_moves": service.decider.share_moves,
             "overruled_decisions": service.overruled,
-            "queue_view_staleness_s": _percentiles(self.staleness),
+            "queue_view_staleness_s": self.staleness_since(0.0),
             "members": self.members_page(now),
             "memory": self.memory(),
         }
+
+    def staleness_since(self, since_ts: float) -> dict[str, float | int | None]:
+        """Percentiles of the queue-view staleness samples taken since ``since_ts``."""
+        return _percentiles([v for t, v in self.staleness if t >= since_ts])
 
     def members_page(self, now: float) -> list[dict[str, Any]]:
         """The processors alive on the members topic, as this one sees them."""
