@@ -46,6 +46,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import numpy as np
 from aiokafka import AIOKafkaProducer
 
 from foretoken.adapters.kafka.topics import ensure_topics
@@ -167,6 +168,7 @@ async def _measured(
     wall = time.perf_counter() - wall0
     w["replica_cores"] = {i: (c - cpu0.get(i, 0.0)) / wall for i, c in replicas.cpu().items()}
     w["client_cores"] = (time.process_time() - own0) / wall
+    w["served"] = len(urls)  # replicas 0 .. served-1 answered this window
     w["staleness_s"] = _staleness(urls, since) if len(urls) > 1 else []
     w["decisions"] = decisions
     w["loadavg_1m"] = os.getloadavg()[0]
@@ -186,8 +188,20 @@ def _step(rate: float, windows: list[dict[str, Any]]) -> dict[str, Any]:
         "loadavg_1m": round(sum(w["loadavg_1m"] for w in windows) / len(windows), 2),
         "replica_cores": {i: round(c, 2) for i, c in cores.items()},
         "client_cores": round(sum(w["client_cores"] for w in windows) / len(windows), 2),
+        "replica_cpu_ms_per_request": _cpu_per_request(windows),
         "staleness_s": stale, "herding": herding(rows, window_s),
     }  # fmt: skip
+
+
+def _cpu_per_request(windows: list[dict[str, Any]]) -> dict[int, float]:
+    """CPU ms per answered request of each replica that answered (its share of the rate)."""
+    out: dict[int, list[float]] = {}
+    for w in windows:
+        rps = w["achieved_rps"] / w["served"]
+        for i, cores in w["replica_cores"].items():
+            if i < w["served"] and rps > 0:
+                out.setdefault(i, []).append(1e3 * cores / rps)
+    return {i: round(float(np.median(v)), 2) for i, v in out.items()}
 
 
 def pair_bodies(docs: list[list[int]], rng: random.Random) -> list[bytes]:
@@ -454,6 +468,22 @@ def run_replicas(quick: bool, count: int = 2, *, seconds: float | None = None) -
         ),
         "herding_rate_pairs": result["herding_pairs_with_shares"]["herding_rate"],
         "herding_rate_pairs_without_shares": base_probe.get("herding_rate"),
+        # CPU per request, and the cores a replica got: below one, the machine's other
+        # processes (and the load generator), not the replica's own work, set the ceiling
+        "cpu_ms_per_request_one_replica": _median(
+            s["replica_cpu_ms_per_request"].get(0) for s in result["one_replica"]
+        ),
+        "cpu_ms_per_request_two_replicas": _median(
+            v for s in two for v in s["replica_cpu_ms_per_request"].values()
+        ),
+        "idle_replica_cores": _median(s["replica_cores"].get(1) for s in result["one_replica"]),
+        "replica_cores_max": max(
+            (c for s in result["one_replica"] + two for c in s["replica_cores"].values()),
+            default=None,
+        ),
+        "client_cores_max": max(
+            (s["client_cores"] for s in result["one_replica"] + two), default=None
+        ),
         "loadavg_1m_start": round(load_start[0], 2),
         "loadavg_1m_end": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
@@ -461,6 +491,11 @@ def run_replicas(quick: bool, count: int = 2, *, seconds: float | None = None) -
     setup = {"workers": rb.WORKERS, "prompt_tokens": rb.PROMPT_TOKENS, "rates_rps": rates,
              "window_s": seconds, "replicas": count}  # fmt: skip
     return {"summary": summary, "setup": setup, **result}
+
+
+def _median(values: Any) -> float | None:
+    got = [v for v in values if v is not None]
+    return round(float(np.median(got)), 2) if got else None
 
 
 def _ms(seconds: float | None) -> float | None:

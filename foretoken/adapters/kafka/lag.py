@@ -9,7 +9,9 @@ the group). A partition whose end is not measured yet counts as unknown, and unk
 caught up.
 
 **Readiness** (``/healthz``): a route replica is ``catching_up`` (503) from each assignment
-until every input topic's lag is at most ``worker.ready_lag_records``, then ``ok``; past
+until every input topic's lag is at most ``worker.ready_lag_records`` — and ``workers`` is
+read to its end (a replica that misses a registration would answer "no worker for this
+model" for a worker everyone else routes to) —, then ``ok``; past
 that it reports ``lagging`` (503) only when the lag stays above the bound for
 ``worker.lagging_after_s`` (a burst does not take it out of a router's rotation). The primary
 answers 200 always (it is the processor of today; the same figures are in its body).
@@ -42,6 +44,7 @@ class LagTracker:
     topics: dict[str, str]  # full topic name -> logical name, the topics that count
     bound: int
     lagging_after_s: float
+    exact: frozenset[str] = frozenset()  # logical topics whose lag must be 0 (``workers``)
     positions: dict[TP, int] = field(default_factory=dict)
     ends: dict[TP, int] = field(default_factory=dict)
     assigned: set[TP] = field(default_factory=set)
@@ -74,8 +77,9 @@ class LagTracker:
         for tp, off in starts.items():
             self.positions.setdefault(tp, off)
         total = self.lag()
+        bound = {t: 0 if t in self.exact else self.bound for t in total}
         within = bool(self.assigned) and all(
-            v is not None and v <= self.bound for v in total.values()
+            v is not None and v <= bound[t] for t, v in total.items()
         )
         if self.caught_up_at is None:
             if within:

@@ -65,7 +65,8 @@ class ProcessorState:
         self.started_ts = time.time()
         self.lag = LagTracker({settings.topic(t): t for t in LAG_TOPICS},
                               settings.worker.ready_lag_records,
-                              settings.worker.lagging_after_s)  # fmt: skip
+                              settings.worker.lagging_after_s,
+                              exact=frozenset({"workers"}))  # fmt: skip
         self.members = MembersView(ALIVE_INTERVALS * settings.worker.member_interval_s)
         # The partitions of the input topics Kafka assigned us (co-partitioned).
         self.owned: set[int] = set(range(settings.layout.partitions))

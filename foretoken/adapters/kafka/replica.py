@@ -62,7 +62,11 @@ class Rebalancer:
         keeper = await loop.run_in_executor(None, IndexKeeper.load, kv, path, self.settings.index)
         dropped = adopt(state, keeper)
         starts = await self._starts(assigned, keeper)
-        committed = await consumer._commit(starts)  # as a member: Faust seeks there next
+        committed = await consumer._commit(starts)  # as a member: for the group's next reader
+        # and seek there now: Faust may already be positioned at the offsets committed in a
+        # previous life (a restart would then never re-read the registrations)
+        for tp, off in starts.items():
+            await consumer.seek(tp, off)
         state.lag.assign(tps, {(tp.topic, tp.partition): off for tp, off in starts.items()})
         self.last_starts = {}
         for tp, off in starts.items():

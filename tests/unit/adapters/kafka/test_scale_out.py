@@ -99,3 +99,18 @@ def test_readiness_waits_for_the_lag_to_fall_under_the_bound() -> None:
     assert lag.readiness(8.0) == "ok" and lag.readiness(9.5) == "lagging"
     lag.assign(tps)  # a rebalance: catching up again
     assert lag.readiness(10.0) == "catching_up"
+
+
+def test_readiness_waits_for_every_registration() -> None:
+    """A replica missing a registration would refuse requests the others route: ``workers``
+    must be read to its end, however small its lag next to the bound."""
+    lag = LagTracker({"t-w": "workers", "t-kv": "kv_events"}, bound=500, lagging_after_s=5.0,
+                     exact=frozenset({"workers"}))  # fmt: skip
+    lag.assign({("t-w", 0), ("t-kv", 0)}, {("t-w", 0): 0, ("t-kv", 0): 0})
+    lag.update({("t-w", 0): 3, ("t-kv", 0): 400}, {}, 1.0)
+    assert lag.lag() == {"workers": 3, "kv_events": 400}
+    assert lag.readiness(1.0) == "catching_up"
+    for offset in range(3):
+        lag.consumed("t-w", 0, offset)
+    lag.update({}, {}, 2.0)
+    assert lag.readiness(2.0) == "ok"
