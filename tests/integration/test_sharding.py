@@ -22,7 +22,7 @@ import pytest
 from foretoken.adapters.http.route_client import RouteClient
 from foretoken.adapters.kafka.producer import RecordProducer
 from foretoken.adapters.kafka.topics import ensure_topics
-from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop
+from foretoken.adapters.processes import foretoken_cmd, get_json, spawn
 from foretoken.core.types import EngineBlockHash, ModelName, RequestId, WorkerId
 from foretoken.settings import Settings, load_settings
 from foretoken.wire.partitioning import model_partition
@@ -35,6 +35,7 @@ from foretoken.wire.records import (
 )
 from foretoken.wire.route_rpc import RouteRequest, RouteResponse, pack_token_ids
 from tests.conftest import free_port, worker_env
+from tests.integration.stack import stop_together
 
 pytestmark = pytest.mark.integration
 START_S = 180.0
@@ -71,8 +72,7 @@ def sharded(kafka_broker: Settings, tmp_path_factory: pytest.TempPathFactory) ->
             time.sleep(0.5)
         yield settings, urls, [set(p["partitions"]) for p in parts], procs, tmp
     finally:
-        for p in procs:
-            stop(p)
+        stop_together(procs)
         for log in sorted(Path(tmp).glob("*.log")):
             print(f"--- {log}\n{log.read_text()[-2500:]}")
 
