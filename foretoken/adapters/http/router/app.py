@@ -63,6 +63,8 @@ class EventStream(web.StreamResponse):
     """A streamed answer whose headers go out with its first bytes (one write, not two)."""
 
     _send_headers_immediately = False
+
+
 _encoder = msgspec.json.Encoder()
 
 
