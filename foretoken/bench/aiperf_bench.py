@@ -115,7 +115,8 @@ async def router_records(settings: Settings, grants: int) -> KafkaView:
 
 def _aiperf_ms(doc: dict[str, Any], metric: str) -> dict[str, Any]:
     m = doc.get(metric) or {}
-    return {f"p{q}": m.get(f"p{q}") for q in QUANTILES} | {"count": m.get("count")}
+    out = {f"p{q}": None if m.get(f"p{q}") is None else round(m[f"p{q}"], 3) for q in QUANTILES}
+    return out | {"count": m.get("count")}
 
 
 def compare(doc: dict[str, Any], view: KafkaView) -> dict[str, Any]:
