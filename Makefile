@@ -61,7 +61,7 @@ unit: setup
 
 # The crate's own tests (the pure core: no libpython to link; the binding is tested by
 # native/tests and the index contract suites through Python).
-native-test: setup aiperf
+native-test: setup
 	$(CARGO) test -q --no-default-features
 
 lint: setup
