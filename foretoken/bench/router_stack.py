@@ -103,8 +103,8 @@ def start_stack(tmp: Path, time_scale: float, route_timeout_s: float) -> Stack:
         ), env, tmp / "fleet.log")  # fmt: skip
         _wait_for(engines_file.exists, stack.procs["fleet"], "the engines file")
         stack.engines = load_engines(engines_file)
-        stack.procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines_file)), env,
-                                      tmp / "ingest.log")  # fmt: skip
+        ingest_cmd = foretoken_cmd("ingest", "-e", str(engines_file), "--port", str(free_port()))
+        stack.procs["ingest"] = spawn(ingest_cmd, env, tmp / "ingest.log")
         router_port = free_port()
         router_env = {**env, "FORETOKEN_ROUTE_URL": stack.worker_url,
                       "FORETOKEN_ROUTE_TIMEOUT_S": str(route_timeout_s)}  # fmt: skip

@@ -116,8 +116,8 @@ class RouteService:
         if not candidates:
             return self._remember(self._no_candidate(query, ts))
         result = self._decide(query, candidates, now_s, ts)
-        if self.controls is not None:
-            self.controls.observe_grant(result, now_s)
+        # The latency controls see the decision when its grant comes back on ``grants``
+        # (on_grant): only a request the router acted on reaches an engine.
         if result.admitted and result.worker_id is not None:
             self._apply(query, result, now_s)
         return self._remember(result)

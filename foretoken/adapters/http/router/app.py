@@ -31,6 +31,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.adapters.http.route_page import TOKEN_HEADER
 from foretoken.adapters.http.router.publisher import Publisher
 from foretoken.adapters.http.tokenizers import Tokenizers
 from foretoken.core.routing.decide import decision
@@ -284,7 +285,7 @@ async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
         async with state.session.post(
             f"{state.settings.route_url}/v1/route",
             data=msgspec.msgpack.encode(route),
-            headers={"Content-Type": "application/msgpack"},
+            headers=route_headers(state.settings),
             timeout=aiohttp.ClientTimeout(total=cfg.route_timeout_s),
         ) as resp:
             if resp.status == 200:
@@ -300,19 +301,35 @@ async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
     return fallback(state, p)
 
 
+def route_headers(settings: Settings) -> dict[str, str]:
+    """The route call's headers: msgpack, and the route service's token when one is set."""
+    headers = {"Content-Type": "application/msgpack"}
+    if settings.route.token:
+        headers[TOKEN_HEADER] = settings.route.token
+    return headers
+
+
 def fallback(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
-    """Least outstanding prompt tokens among the model's workers (the documented policy,
-    :func:`foretoken.core.routing.fallback.least_outstanding`); a 429 only when every
-    worker is past ``fallback_overload_tokens``."""
+    """Least outstanding prompt tokens among the model's workers that can take the prompt
+    (KV capacity ``gpu_blocks × block_size`` and context ``max_model_len``, as registered:
+    the documented policy, :func:`foretoken.core.routing.fallback.least_outstanding`); a
+    400 when none can hold it, a 429 only when every one is past ``fallback_overload_tokens``."""
     cfg = state.settings.router
+    n = len(p.token_ids)
     candidates = [w for w, e in state.engines.items() if e.model == p.model]
-    worker = least_outstanding(candidates, state.load_of,
+
+    def can_serve(w: str) -> bool:
+        return state.engines[w].fits_prompt(n)
+
+    worker = least_outstanding(candidates, state.load_of, can_serve=can_serve,
                                overload_tokens=cfg.fallback_overload_tokens)  # fmt: skip
     query = p.query()
     if worker is None:
-        rejected = decision(query, time.time(), None, admitted=False,
-                            reason=RejectReason.OVERLOADED,
-                            retry_after_s=cfg.fallback_retry_after_s, fallback=True)  # fmt: skip
+        too_big = bool(candidates) and not any(map(can_serve, candidates))
+        reason = RejectReason.PROMPT_EXCEEDS_KV_CAPACITY if too_big else RejectReason.OVERLOADED
+        rejected = decision(query, time.time(), None, admitted=False, reason=reason,
+                            retry_after_s=None if too_big else cfg.fallback_retry_after_s,
+                            fallback=True)  # fmt: skip
         return as_record(Grant, rejected), None
     admitted = decision(query, time.time(), None, admitted=True, reason=None,
                         retry_after_s=None, fallback=True, worker_id=WorkerId(worker))  # fmt: skip
