@@ -62,7 +62,7 @@ MONITORED = (
 POLL_MS = 500  # how often a quiet listener looks at its socket's state
 
 
-def configure_socket(sock: zmq.Socket[bytes], cfg: IngestSettings) -> None:
+def configure_socket(sock: zmq.asyncio.Socket, cfg: IngestSettings) -> None:
     """Limits every socket ingest reads engine messages from."""
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes)
@@ -208,18 +208,20 @@ class Ingest:
         cfg = self.settings.ingest
         kind: Engine = "sglang" if engine.engine == "sglang" else "vllm"
         worker, model = WorkerId(engine.worker_id), ModelName(engine.model)
-        common = {"engine": kind, "worker_id": worker, "model": model,
-                  "default_block_size": engine.block_size}  # fmt: skip
+        frames_of = partial(decode_engine_frames, engine=kind, worker_id=worker, model=model,
+                            default_block_size=engine.block_size)  # fmt: skip
+        payload_of = partial(decode_engine_payload, engine=kind, worker_id=worker, model=model,
+                             default_block_size=engine.block_size)  # fmt: skip
 
         async def decode_frames(frames: Sequence[bytes]) -> DecodedBatch:
-            size = sum(len(f) for f in frames)
-            if size > cfg.offload_bytes:
-                return await asyncio.to_thread(partial(decode_engine_frames, frames, **common))
-            return decode_engine_frames(frames, **common)  # type: ignore[arg-type]
+            if sum(len(f) for f in frames) > cfg.offload_bytes:
+                return await asyncio.to_thread(frames_of, frames)
+            return frames_of(frames)
 
         async def decode_payload(seq: int, payload: bytes) -> DecodedBatch:
-            call = partial(decode_engine_payload, payload, seq=seq, **common)
-            return await asyncio.to_thread(call) if len(payload) > cfg.offload_bytes else call()
+            if len(payload) > cfg.offload_bytes:
+                return await asyncio.to_thread(payload_of, payload, seq=seq)
+            return payload_of(payload, seq=seq)
 
         async def backfill(start: int) -> list[tuple[int, bytes]]:
             return await zmq_backfill(self.ctx, engine.replay_url, start, cfg)
@@ -248,7 +250,7 @@ class Ingest:
             sub.connect(engine.kv_events_url)
             health.listening = True
             while not dead.is_set():
-                if await sub.poll(POLL_MS, zmq.POLLIN):
+                if await sub.poll(POLL_MS):
                     await feed.on_message(await sub.recv_multipart())
                 elif monitor.done() and not dead.is_set():
                     monitor.result()  # raises what ended it

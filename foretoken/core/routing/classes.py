@@ -94,8 +94,9 @@ class ControlSettings(msgspec.Struct, kw_only=True, frozen=True):
 
     def pending_horizon_s(self, predicted_ttft_s: float | None, klass: WorkloadClass) -> float:
         """How long an admitted request without an outcome counts (see the fields)."""
-        known = predicted_ttft_s is not None and math.isfinite(predicted_ttft_s)
-        expected = predicted_ttft_s if known else klass.objective_ttft_s
+        expected = klass.objective_ttft_s
+        if predicted_ttft_s is not None and math.isfinite(predicted_ttft_s):
+            expected = predicted_ttft_s
         span = self.pending_horizon_factor * max(0.0, expected)
         return min(max(span, self.pending_horizon_min_s), self.pending_max_age_s)
 

@@ -177,12 +177,11 @@ class LatencyControls:
     def observe_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         """A first token gives a queue-time sample; a failure before it, a lower bound."""
         rid = outcome.request_id
-        pending = self.pending.get(rid)
-        late = pending is None
-        if late:
-            pending = self.lost.get(rid)
-            if pending is None:
-                return
+        late = rid not in self.pending
+        found = self.lost.get(rid) if late else self.pending.get(rid)
+        if found is None:
+            return
+        pending = found
         sig = self._signals(pending.worker)
         if outcome.actual_ttft_s is not None and outcome.status == "ok":
             # the router's TTFT includes what the client waited before: not this worker's
