@@ -22,6 +22,7 @@ PROMETHEUS_CONTENT_TYPE = "text/plain"
 
 # Counter fields of EngineHealth → (metric name without _total, help).
 COUNTERS: dict[str, tuple[str, str]] = {
+    "messages": ("foretoken_ingest_messages", "Messages received from the engine's PUB socket."),
     "batches": ("foretoken_ingest_batches", "Engine batches produced to kv-events."),
     "events": ("foretoken_ingest_events", "KV events produced."),
     "records": ("foretoken_ingest_records", "kv-events records produced (a split batch: several)."),
@@ -64,6 +65,7 @@ class EngineHealth:
     expected_seq: int | None = None
     last_error: str | None = None
     block_size_mismatch: bool = False
+    messages: int = 0
     batches: int = 0
     events: int = 0
     records: int = 0

@@ -60,6 +60,7 @@ MONITORED = (
     | zmq.EVENT_CONNECT_DELAYED
 )  # fmt: skip
 POLL_MS = 500  # how often a quiet listener looks at its socket's state
+DRAIN_BURST = 256  # messages taken at once before other listeners get a turn
 
 
 def configure_socket(sock: zmq.asyncio.Socket, cfg: IngestSettings) -> None:
@@ -249,9 +250,10 @@ class Ingest:
             assert engine.kv_events_url is not None
             sub.connect(engine.kv_events_url)
             health.listening = True
+            drain: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)  # same socket, no futures
             while not dead.is_set():
                 if await sub.poll(POLL_MS):
-                    await feed.on_message(await sub.recv_multipart())
+                    await self._drain(drain, feed, health)
                 elif monitor.done() and not dead.is_set():
                     monitor.result()  # raises what ended it
                     raise RuntimeError("the socket monitor stopped")
@@ -268,6 +270,19 @@ class Ingest:
                 with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
                     await monitor
             sub.close()
+
+    @staticmethod
+    async def _drain(sock: zmq.Socket[bytes], feed: EngineFeed, health: EngineHealth) -> None:
+        """Every message waiting on the socket, one after the other (at most a burst's worth
+        before the event loop gets a turn)."""
+        for _ in range(DRAIN_BURST):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            health.messages += 1
+            await feed.on_message(frames)
+        await asyncio.sleep(0)
 
     async def _monitor(
         self, mon: zmq.asyncio.Socket, health: EngineHealth, dead: asyncio.Event

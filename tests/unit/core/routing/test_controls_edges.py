@@ -75,13 +75,21 @@ def test_route_answers_nobody_acted_on_never_put_idle_workers_into_admission() -
         query = RouteQuery(request_id=RequestId(f"probe{i}"), model="m", tokens=(),
                            prompt_tokens=8000)  # fmt: skip
         assert service.route(query, 0.0, 0.0).admitted
+    deep = sum(q.queued_tokens_ahead for q in service.book.queues.values())
+    assert deep > 8000 * 30  # the queue models took them at once (no herding)
     for t in range(0, 120):
         service.maintain(float(t))
     assert c.pending == {} and _stages(c) <= {ControlStage.OK}
     assert not any(c.sheds("default", w, 120.0) for w in (W0, W1, W2))
+    # ... and once no grant came back for them, the queue models forgot them too.
+    assert service.unconfirmed_expired == 90
+    assert all(q.outstanding_count == 0 for q in service.book.queues.values())
+    tight = RouteQuery(request_id=RequestId("after"), model="m", tokens=(), prompt_tokens=500,
+                       max_queue_wait_s=5.0)  # fmt: skip
+    assert service.route(tight, 120.0, 120.0).admitted
     # The same decisions acted on (their grants on `grants`) do count.
     for i in range(90):
-        service.on_grant(service.decisions[RequestId(f"probe{i}")], 0.0)
+        service.on_grant(service.decisions[RequestId(f"probe{i}")], 120.0)
     assert len(c.pending) == 90
 
 
