@@ -17,6 +17,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -157,6 +158,9 @@ class Routing:
     # its own grant (``<id>~<n>``), and the time since the first try counts as waited.
     attempts: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
     fallbacks: dict[str, int] = field(default_factory=dict)
+    # Called with the reason of each fallback decision (the metric; a diff of ``fallbacks``
+    # around an await would count the concurrent requests' fallbacks too).
+    on_fallback: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.url = f"{self.settings.route_url}/v1/route"
@@ -204,6 +208,8 @@ class Routing:
 
     def _fell_back(self, reason: str) -> None:
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+        if self.on_fallback is not None:
+            self.on_fallback(reason)
 
     async def decide(self, p: Placement) -> tuple[Grant, str | None]:
         if time.monotonic() < self.route_down_until:
