@@ -25,6 +25,8 @@ from foretoken.wire.records import SCHEMA_VERSION, Grant, _check_version, as_rec
 _LE_U32: Final = np.dtype("<u4")
 # Fixed limits of the format (the configurable ones are RouteLimits).
 MAX_ID_CHARS: Final = 256
+# A retry's request id is the client's (x-request-id, at most MAX_ID_CHARS) + "~<attempt>".
+MAX_REQUEST_ID_CHARS: Final = MAX_ID_CHARS + 21
 MAX_CLASS_CHARS: Final = 128
 MAX_CONVERSATION_CHARS: Final = 1024
 MAX_SECONDS: Final = 86_400.0  # a bound or a wait beyond a day is a mistake, not a request
@@ -35,7 +37,7 @@ Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
 class RouteRequest(msgspec.Struct, kw_only=True, frozen=True):
     """``POST /v1/route`` on the worker: one request to place."""
 
-    request_id: Annotated[RequestId, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    request_id: Annotated[RequestId, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]
     model: Annotated[ModelName, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
     token_ids: tuple[TokenId, ...] = ()
     packed_token_ids: bytes = b""
