@@ -15,7 +15,8 @@ readable, approximate otherwise — followed by the new stream's batches. The ol
 every batch below the old seq as a duplicate when seq 0 was lost, and flagged a restarted
 worker approximate for good.
 
-**Undecodable messages** (the policy; docs/ARCHITECTURE.md "Ingest" has the trade-off). Each
+**Undecodable messages** (the policy; docs/ARCHITECTURE.md "Edges that hold" has the
+trade-off). Each
 goes to ``dead-letter`` with the reason. What it means for the stream depends on what can
 be trusted of it: a message whose seq frame is readable *and is exactly the next expected
 seq* is taken as that batch, lost: the stream moves past it (no gap, no repair — the replay
