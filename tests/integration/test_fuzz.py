@@ -54,7 +54,9 @@ LIMITS = {
 }
 # With the router's own fuzz suite (tests/integration/test_router_fuzz.py), >= 10^5 inputs.
 ROUTER_INPUTS = router_fuzz.EXAMPLES * router_fuzz.BATCH
-EXAMPLES = int(os.environ.get("FORETOKEN_FUZZ_EXAMPLES", "88"))
+EXAMPLES = int(os.environ.get("FORETOKEN_FUZZ_EXAMPLES", 0)) or -(
+    -(100_000 - ROUTER_INPUTS) // (2 * fz.PER_EXAMPLE)
+)
 RSS_GROWTH_LIMIT_KIB = 150 * 1024
 
 

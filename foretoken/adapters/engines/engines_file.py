@@ -74,6 +74,9 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
     # The engine's context length (vLLM --max-model-len); with gpu_blocks, what the router's
     # fallback checks a prompt against.
     max_model_len: int | None = None
+    # False: the router sends this engine no x-request-id (llama-cpp-python's server answers
+    # 400, with an empty body, to any x-request-id that is not a UUID).
+    request_id_header: bool = True
     # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
     tokenizer: str | None = None
 
