@@ -37,6 +37,7 @@ import msgspec
 from foretoken.bench.baselines import SEED, ShadowBaselines, fit_baselines, warm_started_replica
 from foretoken.bench.predict_bench import BASELINES, PROFILED, accuracy
 from foretoken.core.types import RequestId
+from foretoken.settings import load_settings
 from foretoken.sim.generate import WORKLOADS, random_fleet, workload_scale
 from foretoken.sim.policy import FleetLedger, make_policy
 from foretoken.sim.predictor_policy import PredictorPolicy
@@ -230,7 +231,7 @@ def run_cell(prep: Prepared, load: float) -> dict[str, Any]:
     """Replay one cell (module doc); its rows and what it cost."""
     started = time.perf_counter()
     requests, fleet, speedup = cell_inputs(prep, load)
-    policy = PredictorPolicy.for_fleet(fleet, seed=SEED)
+    policy = PredictorPolicy.for_fleet(fleet, seed=SEED, settings=load_settings())
     replica = warm_started_replica(without_schedule(fleet), prep.cold)
     shadow = ShadowBaselines(policy, prep.fits, replica)
     result = replay(requests, fleet, shadow, speedup=speedup, progress=False)
