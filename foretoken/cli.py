@@ -135,20 +135,29 @@ def worker(
 @app.command()
 def ingest(
     engines: str = typer.Option(..., "--engines", "-e", help="Engines config file (TOML)."),
-    metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this port (0: off)."),
+    host: str | None = typer.Option(None, help="Address of /healthz and /metrics (settings)."),
+    port: int | None = typer.Option(None, help="Port of /healthz and /metrics; 0: none."),
     config: str | None = ConfigOpt,
 ) -> None:
     """Engines' ZMQ KV events → normalized batches on kv-events; engines → workers."""
+    import msgspec
+
     from foretoken.adapters.engines.engines_file import EnginesConfigError, load_engines
     from foretoken.adapters.engines.ingest import run_ingest
 
     settings = _settings(config)
+    page = {"host": host or settings.ingest.host}
+    if port is not None:
+        page["port"] = port  # type: ignore[assignment]
+    settings = msgspec.structs.replace(
+        settings, ingest=msgspec.structs.replace(settings.ingest, **page)
+    )
     try:
         listed = load_engines(engines)
     except EnginesConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    run_ingest(settings, listed, metrics_port or None)
+    run_ingest(settings, listed)
 
 
 @fleet_app.command("run")
@@ -303,9 +312,34 @@ def load(
 
 
 @bench_app.command("predict")
-def bench_predict(quick: bool = typer.Option(False, help="A few hundred requests.")) -> None:
-    """Prediction accuracy and routing quality against baselines, on the Mooncake trace."""
-    _bench(["predict"], quick)
+def bench_predict(
+    quick: bool = typer.Option(False, help="A few hundred requests (with --matrix: ≤ 10 min)."),
+    trace: str | None = typer.Option(None, help="A shipped or generated trace, or a file."),
+    fleet: str | None = typer.Option(None, help="A shipped fleet, random-SEED, or a file."),
+    loads: str = typer.Option("0.8,1.0,1.3", help="× the calibrated capacity."),
+    load: float | None = typer.Option(None, help="One load (--explain)."),
+    limit: int | None = typer.Option(None, help="Requests per cell."),
+    seed: int = typer.Option(0, help="Seed of the generated workloads."),
+    matrix: bool = typer.Option(False, help="Every trace × fleet × load (issue 15)."),
+    jobs: int = typer.Option(2, help="Parallel processes."),
+    explain: bool = typer.Option(False, help="Split each prediction's error into its parts."),
+    json_path: str | None = typer.Option(None, "--json", help="Write the JSON here."),
+) -> None:
+    """Prediction accuracy against baselines: the Mooncake benchmark (no options), one
+    trace × fleet at several loads (--trace/--fleet), the matrix (--matrix) or the error
+    decomposition (--explain)."""
+    from foretoken.bench.predict_cli import predict_command
+
+    if not (trace or fleet or matrix or explain):
+        _bench(["predict"], quick)
+        return
+    try:
+        predict_command(quick=quick, trace=trace, fleet=fleet, loads=loads, load=load,
+                        limit=limit, seed=seed, matrix=matrix, jobs=jobs, explain=explain,
+                        json_path=json_path)  # fmt: skip
+    except (ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
 
 
 @bench_app.command("route")
@@ -459,16 +493,19 @@ def sql(
 def dashboard(
     lake: str = typer.Option(..., help="The grading lake directory."),
     port: int = typer.Option(8501, help="Port of the dashboard."),
+    host: str | None = typer.Option(None, help="Listen address (default: dashboard.host)."),
     refresh_s: float = typer.Option(0.0, help="Auto-refresh every N seconds (0: off)."),
+    config: str | None = ConfigOpt,
 ) -> None:
     """The Streamlit dashboard over a grading lake."""
     import os
 
     from foretoken.adapters.dashboard import APP_PATH as app_path
 
+    address = host or _settings(config).dashboard.host  # Streamlit binds every interface else
     args = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless",
-            "true", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-            "--", "--lake", lake]  # fmt: skip
+            "true", "--server.address", address, "--server.port", str(port),
+            "--browser.gatherUsageStats", "false", "--", "--lake", lake]  # fmt: skip
     if refresh_s:
         args += ["--refresh-s", str(refresh_s)]
     os.execv(sys.executable, args)

@@ -70,6 +70,7 @@ class RouteClient:
     failovers: int = 0
     _turn: Any = field(default_factory=itertools.count)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=lambda: dict(HEADERS))
 
     def __post_init__(self) -> None:
         for url in self.settings.route_urls:
@@ -182,7 +183,7 @@ class RouteClient:
             timeout = aiohttp.ClientTimeout(total=left / (len(candidates) - n))
             try:
                 resp = await session.post(f"{service.url}/v1/route", data=data,
-                                          headers=HEADERS, timeout=timeout)  # fmt: skip
+                                          headers=self.headers, timeout=timeout)  # fmt: skip
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 failure = exc
                 self._failed(service)
