@@ -30,6 +30,8 @@ class PredictorConfig:
     tier_load_s_per_token: dict[str, float] = field(default_factory=_tier_load_costs)
     # The learner rule stands aside when more than 1/this of a prompt is cached elsewhere.
     learner_max_cached_share: int = 2
+    # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
+    model_kv_capacity: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
