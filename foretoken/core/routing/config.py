@@ -32,6 +32,10 @@ class PredictorConfig:
     learner_max_cached_share: int = 2
     # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
     model_kv_capacity: bool = True
+    # Decode samples less the prefill of prompts whose first token came during the
+    # request's decode window, dropped below this share of the raw TPOT.
+    decode_windows: bool = True
+    decode_min_share: float = 0.1
     seed: int = 0
 
     def __post_init__(self) -> None:

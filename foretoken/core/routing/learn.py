@@ -7,7 +7,9 @@ simulator's truth (PRODUCT.md §1 "How fast the worker prefills"):
   start would never give one, so a second, bootstrap fit takes the gap between the worker's
   previous first token and this one, for a request queued there since before it;
 * **decode samples** (:meth:`Learner.on_completion`): time per output token against the
-  number of sequences running, for the step-cost fit;
+  number of sequences running, for the step-cost fit — less the prefill of the prompts
+  whose first token came during the request's decode window, against the time-mean number
+  of decoding requests over it (:mod:`foretoken.core.cost.decode_windows`);
 * **approximate cache credit**: a prompt routed to a worker without KV events is filed as
   cached there once its prefill is done (:mod:`foretoken.core.index.approx`).
 """
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from foretoken.core.cost.decode_windows import DecodeWindows, Window
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
 from foretoken.core.index.protocol import Index
@@ -40,6 +43,7 @@ class Learner:
         # Approximate mode: own hashes of prompts sent to workers without KV events, filed
         # in the index as cached there once their first token arrives.
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
+        self.windows = DecodeWindows(config.decode_min_share)
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         self._observe_served(outcome, now_s)
@@ -49,6 +53,10 @@ class Learner:
         # The router's clock says when things happened; our consumption lags behind it.
         if outcome.kind == "first_token" and outcome.status == "ok":
             self._observe_busy(queue, outcome, now_s)
+            entry = queue.get(outcome.request_id)
+            if self.config.decode_windows and entry is not None and entry.first_token_s is None:
+                self.windows.open(outcome.worker_id, outcome.request_id, outcome.ts,
+                                  entry.prompt_tokens, entry.cached_tokens)  # fmt: skip
             queue.first_token(outcome.request_id, outcome.ts)
             return
         self.on_completion(queue, outcome, now_s)
@@ -58,6 +66,10 @@ class Learner:
         if profile is not None and profile.scheduler.max_num_seqs == 1:
             self._mark_busy(outcome.worker_id, outcome.ts)  # the next prompt starts after it
         queue.finished(outcome.request_id, outcome.ts)
+        if self.config.decode_windows:
+            if profile is not None:
+                self._observe_window(outcome, profile.config_hash, now_s)
+            return
         tpot = None
         if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
             tpot = time_per_output_token_s(
@@ -66,6 +78,27 @@ class Learner:
         if tpot is not None and profile is not None:
             running = max(1.0, float(queue.running_count) + 1.0)
             self.fits.observe_decode(outcome.worker_id, profile.config_hash, tpot, running, now_s)
+
+    def _observe_window(self, outcome: RequestOutcome, config_hash: str, now_s: float) -> None:
+        span = None
+        if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
+            span = outcome.e2e_s - outcome.actual_ttft_s
+        window = self.windows.close(outcome.request_id, outcome.ts, span,
+                                    outcome.output_tokens or 0)  # fmt: skip
+        if window is None:
+            return
+        wid = outcome.worker_id
+        if self.fits.curve(wid).default:  # it would subtract far too much: keep it for later
+            self.windows.hold(wid, window)
+            return
+        for held in (*self.windows.release(wid), window):
+            self._feed_window(wid, config_hash, held, now_s)
+
+    def _feed_window(self, wid: WorkerId, config_hash: str, window: Window, now_s: float) -> None:
+        curve = self.fits.curve(wid)
+        sample = window.sample(curve.a, curve.b, self.windows.min_share)
+        if sample is not None:
+            self.fits.observe_decode(wid, config_hash, sample[0], sample[1], now_s)
 
     def on_graded(self, graded: GradedRequest, now_s: float) -> bool:
         """Feed the fit with a cold sample; True if this record was one."""
@@ -99,6 +132,7 @@ class Learner:
 
     def forget(self, rid: RequestId) -> None:
         self.served_prompts.pop(rid, None)
+        self.windows.forget(rid)
 
     def _observe_served(self, outcome: RequestOutcome, now_s: float) -> None:
         """A prompt routed to a worker without KV events is cached there once its prefill
