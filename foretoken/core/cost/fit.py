@@ -108,6 +108,9 @@ class FitConfig:
     default_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     default_per_seq_s: float = DEFAULT_DECODE_S_PER_SEQ
     max_configs_per_worker: int = 4  # a worker's oldest configurations' fits are dropped
+    # A worker still on a default curve or step cost predicts with the median of its fitted
+    # peers' (same configuration, else same engine and version, else same model).
+    pooled_priors: bool = True
 
     def __post_init__(self) -> None:
         defaults = (self.default_a, self.default_b, self.default_overhead_s, self.default_per_seq_s)

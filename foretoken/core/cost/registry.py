@@ -4,12 +4,20 @@
 * :class:`FitRegistry` keeps one :class:`~foretoken.core.cost.fit.OnlinePrefillFit` and one
   :class:`~foretoken.core.cost.fit.StepCostFit` per ``(worker_id, config_hash)``: a configuration
   change starts fresh fits, the old ones are kept under their own key.
+
+**Pooled priors.** A worker that has no fit of its own yet (a cold start on a worker that
+is never idle gets no cold sample for a long time) predicts with the median of the fitted
+values of its closest peers — the workers registered with the same configuration hash, else
+the same engine and version, else the same model — instead of the conservative default; its
+own fit takes over as soon as it has one. Such a value is still flagged ``default``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from statistics import median
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -25,6 +33,8 @@ from foretoken.core.cost.fit import (
 from foretoken.core.types import WorkerId, WorkerProfile
 
 # --------------------------------------------------------------------------- registry
+
+V = TypeVar("V", PrefillCurve, StepCost)
 
 
 @dataclass(slots=True)
@@ -88,6 +98,8 @@ class FitRegistry:
         self._fits: dict[tuple[WorkerId, str], WorkerFits] = {}
         self._current: dict[WorkerId, str] = {}
         self._registered: set[WorkerId] = set()
+        # (model, engine, engine version) of each registered worker, for pooled priors
+        self._kind: dict[WorkerId, tuple[str, str, str]] = {}
         self._clock = 0
         self._default_curve = OnlinePrefillFit(config).curve
         self._default_step = StepCostFit(config).cost
@@ -100,8 +112,10 @@ class FitRegistry:
                 del self._fits[key]
             self._current.pop(worker, None)
             self._registered.discard(worker)
+            self._kind.pop(worker, None)
             return
         self._registered.add(worker)
+        self._kind[worker] = (registration.model, registration.engine, registration.engine_version)
         self._current[worker] = registration.config_hash
         self._entry(worker, registration.config_hash)
 
@@ -164,13 +178,53 @@ class FitRegistry:
         return None if key is None else self._fits.get((worker_id, key))
 
     def curve(self, worker_id: WorkerId) -> PrefillCurve:
-        """The worker's current prefill curve (the default for a worker not seen yet)."""
+        """The worker's current prefill curve (pooled, else the default, for a worker
+        without a fit of its own)."""
+        curve = self.own_curve(worker_id)
+        if not curve.default or not self.config.pooled_priors:
+            return curve
+        pooled = self._pooled(worker_id, self.own_curve, ("a", "b"))
+        return curve if pooled is None else replace(curve, a=pooled[0], b=pooled[1])
+
+    def step_cost(self, worker_id: WorkerId) -> StepCost:
+        step = self.own_step_cost(worker_id)
+        if not step.default or not self.config.pooled_priors:
+            return step
+        pooled = self._pooled(worker_id, self.own_step_cost, ("overhead_s", "per_seq_s"))
+        return step if pooled is None else replace(step, overhead_s=pooled[0], per_seq_s=pooled[1])
+
+    def own_curve(self, worker_id: WorkerId) -> PrefillCurve:
+        """The worker's own current prefill curve (the default without a fit)."""
         fits = self.fits(worker_id)
         return self._default_curve if fits is None else fits.curve
 
-    def step_cost(self, worker_id: WorkerId) -> StepCost:
+    def own_step_cost(self, worker_id: WorkerId) -> StepCost:
         fits = self.fits(worker_id)
         return self._default_step if fits is None else fits.step.cost
+
+    def peers(self, worker_id: WorkerId) -> list[list[WorkerId]]:
+        """Registered peers, closest group first: same configuration hash, same engine
+        and version (and model), same model."""
+        kind = self._kind.get(worker_id)
+        if kind is None:
+            return []
+        mine = self._current.get(worker_id)
+        others = [w for w in self._kind if w != worker_id and self._kind[w][0] == kind[0]]
+        return [
+            [w for w in others if self._current.get(w) == mine],
+            [w for w in others if self._kind[w] == kind],
+            others,
+        ]
+
+    def _pooled(
+        self, worker_id: WorkerId, own: Callable[[WorkerId], V], names: tuple[str, str]
+    ) -> tuple[float, float] | None:
+        for group in self.peers(worker_id):
+            fitted = [v for v in map(own, group) if not v.default]
+            if fitted:
+                first, second = (median(getattr(v, n) for v in fitted) for n in names)
+                return first, second
+        return None
 
     def describe(self) -> list[dict[str, object]]:
         """One row per (worker, configuration), newest configuration first, for a web page."""
