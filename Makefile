@@ -4,8 +4,16 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NATIVE_STAMP := $(VENV)/.native-installed
+# The native crate (native/: the index, the content hash, the queue walk) builds with cargo
+# from crates.io; two jobs by default (a shared 2-core machine), the target dir is kept
+# (native/target), so a rebuild after a change is incremental and no change means no build.
+export CARGO_BUILD_JOBS ?= 2
+CARGO := cd native && PYO3_PYTHON=$(abspath $(BIN)/python) cargo
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
+	$(wildcard native/src/*.rs)
 
-.PHONY: setup llama test unit lint demo bench clean kafka-up kafka-down
+.PHONY: setup llama test unit lint demo bench clean kafka-up kafka-down native-test
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) (Python >= 3.11) is needed"; exit 1; }
@@ -14,7 +22,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-setup: $(STAMP)
+# foretoken_native: a wheel built by maturin (from PyPI) in pip's build environment.
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	@command -v cargo >/dev/null || { echo "error: cargo and rustc (Rust >= 1.85) are needed to build native/"; exit 1; }
+	$(BIN)/pip install -q ./native
+	@touch $(NATIVE_STAMP)
+
+setup: $(STAMP) $(NATIVE_STAMP)
 
 # llama-cpp-python (the `llama` extra) compiles llama.cpp from PyPI's sdist: built once into
 # ~/.cache/foretoken/wheels (foretoken/ops/llama_wheel.py), then installed from there.
@@ -26,16 +40,24 @@ llama: setup
 # integration test (run last) waits for it.
 test: setup
 	@$(BIN)/python -m foretoken.ops.llama_wheel --background
-	@foretoken/ops/with-kafka.sh $(BIN)/pytest -q -p no:cacheprovider tests
+	$(CARGO) test -q --no-default-features
+	@foretoken/ops/with-kafka.sh $(BIN)/pytest -q -p no:cacheprovider tests native/tests
 
 unit: setup
-	$(BIN)/pytest -q -m "not integration" tests
+	$(BIN)/pytest -q -m "not integration" tests native/tests
+
+# The crate's own tests (the pure core: no libpython to link; the binding is tested by
+# native/tests and the index contract suites through Python).
+native-test: setup
+	$(CARGO) test -q --no-default-features
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy foretoken tests
 	$(BIN)/lint-imports
+	$(CARGO) fmt --check
+	$(CARGO) clippy -q --all-targets -- -D warnings
 
 # `make demo ENGINES=llama`: real llama.cpp engines instead of the simulated fleet.
 ENGINES ?= sim

@@ -248,7 +248,7 @@ def replay(
             trace=trace, fleet=fleet, policy=policy, speedup=speedup,
             capacity_factor=capacity_factor, limit=limit, bounds=bounds, out=out, seed=seed,
             progress=progress, controls=controls, classes=classes,
-            control_settings=settings.controls,
+            control_settings=settings.controls, settings=settings,
         )  # fmt: skip
     except (ValueError, KeyError) as exc:
         console.print(f"[red]error:[/red] {exc}")

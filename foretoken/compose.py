@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.grading.join import GradingJoin, JoinConfig
 from foretoken.core.index.approx import ApproxCacheConfig, index_params
-from foretoken.core.index.protocol import Index, make_index
+from foretoken.core.index.protocol import Index
 from foretoken.core.routing.classes import ControlSettings
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.controls import LatencyControls
@@ -102,7 +102,7 @@ def build_core(
     ``controls``, ``worker.approx_cache_*``); ``index`` reuses one (a restored snapshot),
     ``predictor`` and ``controls`` override the settings' (a replay's seed, classes), and
     ``with_controls=False`` runs without the latency controls."""
-    index = index if index is not None else make_index(settings.index.backend)
+    index = index if index is not None else settings.index.make()
     latency = LatencyControls(controls or settings.controls) if with_controls else None
     service = RouteService(
         index, FitRegistry(settings.fits), predictor or settings.predictor, latency

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from foretoken.core.types import RequestId, WorkerId
+from foretoken.settings import load_settings
 from foretoken.sim.policy import (
     Arrival,
     Decision,
@@ -142,7 +143,7 @@ class _Ahead:
 def warm_started_replica(fleet: FleetSpec, cold: dict[str, list[tuple[int, float]]]) -> Any:
     """A read replica of the predictor whose fits start from the profile's cold samples
     (through the fit registry's own ``observe_cold``), then keep learning online."""
-    replica = PredictorPolicy.for_fleet(fleet, seed=SEED)
+    replica = PredictorPolicy.for_fleet(fleet, seed=SEED, settings=load_settings())
     for worker, samples in cold.items():
         config_hash = replica.core.directory[WorkerId(worker)].config_hash
         for n, ttft_s in samples:

@@ -66,6 +66,7 @@ from foretoken.bench.baselines import (
     warm_started_replica,
 )
 from foretoken.core.types import RequestId
+from foretoken.settings import load_settings
 from foretoken.sim.policy import (
     FleetLedger,
     make_policy,
@@ -285,7 +286,8 @@ def _policy(name: str, fleet: FleetSpec, cold: dict[str, list[tuple[int, float]]
     if name == PROFILED_POLICY:
         return warm_started_replica(fleet, cold)
     if name == PredictorPolicy.name:
-        return PredictorPolicy.for_fleet(fleet, seed=SEED)
+        # the processor's settings (TOML, environment): e.g. the index backend
+        return PredictorPolicy.for_fleet(fleet, seed=SEED, settings=load_settings())
     return make_policy(name, FleetLedger.for_fleet(fleet), seed=SEED)
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import foretoken.sim.predictor_policy  # noqa: F401  (registers the "predictor" policy)
-from foretoken.settings import ControlSettings
+from foretoken.settings import ControlSettings, Settings
 from foretoken.sim.classes import ClassMix, class_summary, write_control_events
 from foretoken.sim.live.load import run_load, write_results_parquet
 from foretoken.sim.policy import make_policy
-from foretoken.sim.predictor_policy import PredictorPolicy
+from foretoken.sim.predictor_policy import ApproxPredictorPolicy, PredictorPolicy
 from foretoken.sim.replay import (
     TRACE_LOADERS,
     FleetLedger,
@@ -45,7 +45,7 @@ def replay_command(
     *, trace: str, fleet: str, policy: str, speedup: float | None, capacity_factor: float | None,
     limit: int | None, bounds: str | None, out: str | None, seed: int, progress: bool,
     controls: str | None = None, classes: str | None = None,
-    control_settings: ControlSettings | None = None,
+    control_settings: ControlSettings | None = None, settings: Settings | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Replay a trace on a fleet in virtual time; with ``out``, append the records to the
     grading lake there. Returns the summary (also what is printed).
@@ -66,12 +66,18 @@ def replay_command(
         factor_speedup = capacity_factor * capacity_speedup(base, spec)
     chosen_speedup = speedup or factor_speedup or 1.0
     requests = with_bounds(base, bounds, seed)
-    settings = control_settings or ControlSettings()
+    processor_settings = settings
+    classes_settings = control_settings or ControlSettings()
     if classes:
-        requests = ClassMix.parse(classes).assign(requests, settings, seed)
+        requests = ClassMix.parse(classes).assign(requests, classes_settings, seed)
     controller = None
-    if controls == "on":
-        chosen: Any = PredictorPolicy.for_fleet(spec, seed, controls=settings)
+    predictors = {cls.name: cls for cls in (PredictorPolicy, ApproxPredictorPolicy)}
+    if controls == "on" or policy in predictors:
+        # the processor's core from the settings (index backend, predictor, fits, join)
+        chosen: Any = predictors[policy].for_fleet(
+            spec, seed, settings=processor_settings,
+            controls=classes_settings if controls == "on" else None,
+        )  # fmt: skip
         controller = chosen.core.controls
     else:
         chosen = make_policy(policy, FleetLedger.for_fleet(spec), seed=seed)
@@ -83,7 +89,7 @@ def replay_command(
                     "speedup": chosen_speedup, "capacity_factor": capacity_factor,
                     "controls": controls or "off"})  # fmt: skip
     if classes or controls:
-        summary["classes"] = class_summary(result.records, settings)
+        summary["classes"] = class_summary(result.records, classes_settings)
     if controller is not None:
         events = list(controller.history)
         summary["control_transitions"] = controller.transitions

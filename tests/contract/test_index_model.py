@@ -1,8 +1,11 @@
 """The index against a brute-force model of the spec, on random event streams, for every
 backend. The model (``ModelWorker``) is the plain reading of the spec: per worker a dict
-engine hash → prefix (the tuple of all tokens from the start of the chain) and a dict
-(prefix, tier) → physical copies, walked per worker at lookup. It never hashes anything,
-so it checks the index's own content hash as well as its bookkeeping."""
+engine hash → prefix (the tuple of all tokens from the start of the chain), a dict
+(prefix, tier) → physical copies, walked per worker at lookup, and the cross-tier rule's
+recently removed engine hashes (engine hash → prefix: an engine hash that leaves the map is
+remembered, and a store naming it as parent or a move naming it resolves it; the walks stay
+far below the index's bound, so the model needs none). It never hashes anything, so it
+checks the index's own content hash as well as its bookkeeping."""
 
 from __future__ import annotations
 
@@ -55,6 +58,14 @@ class ModelWorker:
     def __init__(self) -> None:
         self.emap: dict[int, tuple[int, ...]] = {}
         self.copies: dict[tuple[tuple[int, ...], str], int] = {}
+        self.recent: dict[int, tuple[int, ...]] = {}
+
+    def resolve(self, h: int) -> tuple[int, ...] | None:
+        prefix = self.emap.get(h)
+        return self.recent.get(h) if prefix is None else prefix
+
+    def drop_engine(self, h: int) -> None:
+        self.recent[h] = self.emap.pop(h)
 
     def holds(self, prefix: tuple[int, ...]) -> bool:
         return any(self.copies.get((prefix, t), 0) for t in TIERS)
@@ -66,12 +77,14 @@ class ModelWorker:
     def store(self, event: BlockStored) -> None:
         if not event.token_ids:
             for h in event.block_hashes:
-                if h in self.emap:
-                    key = (self.emap[h], event.medium)
+                known = self.resolve(h)
+                if known is not None:
+                    key = (known, event.medium)
                     self.copies[key] = self.copies.get(key, 0) + 1
+                    self.emap[h] = known
             return
         parent = event.parent_block_hash
-        prefix = self.emap.get(parent, ()) if parent is not None else ()
+        prefix = (self.resolve(parent) or ()) if parent is not None else ()
         for i, h in enumerate(event.block_hashes):
             prefix = prefix + tuple(event.token_ids[i * BS : (i + 1) * BS])
             old = self.emap.get(h)
@@ -90,13 +103,17 @@ class ModelWorker:
             if not self.copies[key]:  # type: ignore[index]
                 del self.copies[key]
             if not self.holds(prefix):
-                del self.emap[h]
+                self.drop_engine(h)
 
     def clear(self, medium: str | None) -> None:
         self.copies = {
             k: v for k, v in self.copies.items() if medium is not None and k[1] != medium
         }
-        self.emap = {h: p for h, p in self.emap.items() if self.holds(p)}
+        if medium is None:
+            self.emap, self.recent = {}, {}
+            return
+        for h in [h for h, p in self.emap.items() if not self.holds(p)]:
+            self.drop_engine(h)
 
     def hit(self, prompt: Sequence[int], eagle: bool) -> dict[str, int]:
         per_tier = dict.fromkeys(TIERS, 0)
@@ -122,8 +139,9 @@ store_op = st.tuples(
     st.sampled_from(STORE_MEDIA),
     st.sampled_from(["parent", "parent", "root"]),
 )
-# Removals and tier moves pick engine hashes the model knows (by rank; -1: an unknown one).
-picks = st.lists(st.integers(-1, 40), min_size=1, max_size=3, unique=True)
+# Removals and tier moves pick engine hashes the model knows (by rank; 41..: a recently
+# removed one; -1: an unknown one).
+picks = st.lists(st.integers(-1, 48), min_size=1, max_size=3, unique=True)
 remove_op = st.tuples(
     st.just("remove"), st.sampled_from(sorted(WORKERS)), picks, st.integers(0, len(MEDIA))
 )
@@ -146,8 +164,16 @@ ops_strategy = st.lists(st.sampled_from(KINDS).flatmap(OPS.__getitem__), min_siz
 
 
 def picked_hashes(model: ModelWorker, ranks: list[int]) -> list[int]:
-    known = sorted(model.emap)
-    return [known[r % len(known)] if known and r >= 0 else 12345 + r for r in ranks]
+    known, gone = sorted(model.emap), sorted(model.recent)
+    out = []
+    for r in ranks:
+        if r >= 41 and gone:
+            out.append(gone[r % len(gone)])
+        elif r >= 0 and known:
+            out.append(known[r % len(known)])
+        else:
+            out.append(12345 + r)
+    return out
 
 
 def to_event(op: tuple, fleet: dict[str, ModelWorker]) -> tuple[str, KvEvent]:
@@ -223,7 +249,7 @@ def random_op(rng: random.Random) -> tuple:
     """One op of the same shapes as ``ops_strategy``, for long seeded walks."""
     kind = rng.choice(["clear", "reset"]) if rng.random() < 0.03 else rng.choice(KINDS[:-2])
     worker = rng.choice(sorted(WORKERS))
-    ranks = rng.sample(range(-1, 41), rng.randint(1, 3))
+    ranks = rng.sample(range(-1, 49), rng.randint(1, 3))
     if kind == "store":
         how = rng.choice(["parent", "parent", "root"])
         doc, start, length = rng.randrange(len(DOCS)), rng.randrange(6), rng.randint(1, 6)

@@ -199,7 +199,9 @@ def run_worker(settings: Settings) -> None:
             asyncio.run(ensure_topics(settings, settings.kafka.startup_timeout_s))
         topics = (*INPUT_TOPICS, "dead_letter", "controls")
         partitions = asyncio.run(wait_for_topics(settings, topics, service="the processor"))
-        keeper = IndexKeeper.load(settings.topic("kv_events"), snapshot_path(settings))
+        keeper = IndexKeeper.load(
+            settings.topic("kv_events"), snapshot_path(settings), settings.index
+        )
         group = settings.worker.app_id
         # Rebuild in-memory state: every registration, and the KV batches the snapshot lacks.
         for logical, offsets in (("workers", None), ("kv_events", keeper.next_offsets())):

@@ -1,5 +1,6 @@
 """The live cache index inside the Faust worker: registrations and KV batches applied to the
-pure ``PrefixIndex``, re-deliveries skipped by Kafka offset, and snapshots on disk.
+pure index (the configured backend, ``[index] backend``), re-deliveries skipped by Kafka
+offset, and snapshots on disk.
 
 Restart story: the snapshot holds the index and, per ``kv-events`` partition, the offset of
 the last batch it contains. Before the Faust worker starts, the group's committed offsets
@@ -7,7 +8,8 @@ for ``kv-events`` are set to the offsets after the snapshot (``foretoken.adapter
 so the
 agent replays exactly what the snapshot lacks; a batch at or below the snapshot's offset is
 skipped. ``workers`` (compacted) is always read from the start, so registrations are never
-missed either.
+missed either. A snapshot the configured backend cannot restore (another backend's, an older
+format or hash spec) is logged and ignored: the topic is replayed from the start.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import msgspec
 from foretoken.adapters.files import write_atomically
 from foretoken.adapters.kafka.dispatch import Position
 from foretoken.core.index.approx import ApproxCacheConfig, index_params
-from foretoken.core.index.protocol import Index, make_index, restore_index
+from foretoken.core.index.protocol import Index, IndexConfig
 from foretoken.core.types import ModelName, WorkerId
 from foretoken.settings import Settings
 from foretoken.wire.records import KvEventBatch, Record, WorkerRegistration
@@ -53,12 +55,14 @@ class IndexKeeper:
         path: Path | None,
         index: Index | None = None,
         approx: ApproxCacheConfig | None = None,
+        config: IndexConfig | None = None,
     ) -> None:
         self.topic = topic
         self.approx = approx or ApproxCacheConfig()
+        self.config = config or IndexConfig()
         self.registrations: dict[WorkerId, WorkerRegistration] = {}
         self.path = path
-        self.index = index if index is not None else make_index()
+        self.index = index if index is not None else self.config.make()
         self.applied: dict[int, int] = {}  # partition -> offset of the last applied batch
         self.skipped = 0
         self.snapshots = 0
@@ -130,17 +134,17 @@ class IndexKeeper:
         return self.path
 
     @classmethod
-    def load(cls, topic: str, path: Path | None) -> IndexKeeper:
+    def load(cls, topic: str, path: Path | None, config: IndexConfig | None = None) -> IndexKeeper:
         """The keeper from the snapshot at ``path``, or an empty one (a missing, foreign or
         unreadable snapshot means a full replay of the topic, never a crash)."""
-        keeper = cls(topic, path)
+        keeper = cls(topic, path, config=config)
         if path is None or not path.exists():
             return keeper
         try:
             snap = msgspec.msgpack.decode(path.read_bytes(), type=_Snapshot)
             if snap.version != SNAPSHOT_VERSION or snap.topic != topic:
                 raise ValueError(f"snapshot of {snap.topic} v{snap.version}")
-            keeper.index = restore_index(snap.index)
+            keeper.index = keeper.config.restore(snap.index)
             keeper.applied = dict(snap.applied)
             keeper.restored_from = dict(snap.applied)
             keeper.pending = {WorkerId(w): list(b) for w, b in snap.pending.items()}
@@ -148,7 +152,7 @@ class IndexKeeper:
         except (OSError, ValueError, msgspec.DecodeError) as exc:
             log.warning("ignoring index snapshot %s (%s): replaying %s from the start",
                         path, exc, topic)  # fmt: skip
-            keeper = cls(topic, path)
+            keeper = cls(topic, path, config=config)
         return keeper
 
     # ------------------------------------------------------------------ inspection

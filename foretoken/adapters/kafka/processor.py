@@ -43,7 +43,9 @@ class ProcessorState:
         self.metrics = ProcessorMetrics()
         self.started_ts = time.time()
         approx = approx_config(settings)
-        self.index = index or IndexKeeper(settings.topic("kv_events"), None, approx=approx)
+        self.index = index or IndexKeeper(
+            settings.topic("kv_events"), None, approx=approx, config=settings.index
+        )
         self.index.approx = approx
         self.core: ProcessorCore = build_core(settings, index=self.index.index)
         self.controls = self.core.controls
@@ -115,7 +117,8 @@ class ProcessorState:
                      "graded_memory": self.core.join.graded_memory},
             "controls": self.controls.settings if self.controls is not None else None,
             "approx": self.index.approx,
-            "index_backend": self.settings.index.backend,
+            "index_backend": self.index.index.backend,
+            "index": self.index.config,
         })  # fmt: skip
 
     def stats(self) -> dict[str, Any]:

@@ -5,7 +5,11 @@ holds the per-tier mask tables). The per-block work runs in C loops: ``map`` ove
 ``dict.setdefault`` (stores: one pass per map, the entries it inserted are the table's last
 ones) and ``dict.pop`` (removals: pop optimistically, put back if anything is unusual).
 Python-level loops only run for the rare cases: duplicate copies, re-mapped engine hashes,
-removals of blocks that are absent, copied, or unknown.
+removals of blocks that are absent, copied, or unknown; and to file the blocks a removal
+takes from the worker among its recently removed ones (the cross-tier rule,
+:mod:`foretoken.core.index.recent`), in the order the native backend files them.
+
+Engine hashes are map keys as they are (all 64 bits), like the native backend's.
 """
 
 from __future__ import annotations
@@ -18,21 +22,13 @@ from foretoken.core.index import content_hash
 from foretoken.core.index.state import ApplyStats, Worker, tier_index
 from foretoken.core.types import BlockRemoved, BlockStored
 
-ENGINE_KEY_MASK = content_hash.HASH_MASK
-
-
-def engine_keys(hashes: Sequence[int]) -> list[int]:
-    """Engine hashes as map keys: the low 60 bits (two-digit ints, 32 bytes instead of 48;
-    two blocks of one worker collide with odds ~1e-7 at a million blocks)."""
-    return list(map(ENGINE_KEY_MASK.__and__, hashes))
-
 
 def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -> None:
     if not event.full_attention:
         worker.nonfull_groups.add(event.group_idx)
         stats.ignored_blocks += len(event.block_hashes)
         return
-    hashes = engine_keys(event.block_hashes)
+    hashes = event.block_hashes
     tier = tier_index(event.medium)
     if not event.token_ids:
         move(worker, hashes, tier, now_s, stats)
@@ -43,9 +39,13 @@ def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -
     seed = None
     parent = event.parent_block_hash
     if parent is not None:
-        seed = worker.emap.get(parent & ENGINE_KEY_MASK)
+        seed = worker.emap.get(parent)
         if seed is None:
-            stats.unknown_parents += 1
+            seed = worker.resolve_removed(parent)
+            if seed is None:
+                stats.unknown_parents += 1
+            else:
+                stats.recovered_parents += 1
     if seed is None:
         seed = worker.space.seed(event.lora_name)
     owns = content_hash.chain(seed, event.token_ids, worker.block_size, event.extra_keys)
@@ -60,8 +60,15 @@ def move(worker: Worker, hashes: Sequence[int], tier: int, now_s: float, stats: 
     """A store without token ids (offload connectors): the block moved or copied tiers."""
     found = list(map(worker.emap.get, hashes))
     if None in found:
-        pairs = [(e, o) for e, o in zip(hashes, found, strict=True) if o is not None]
-        stats.unknown_moves += len(found) - len(pairs)
+        pairs = []
+        for engine_hash, own in zip(hashes, found, strict=True):
+            if own is None:
+                own = worker.resolve_removed(engine_hash)
+                if own is None:
+                    stats.unknown_moves += 1
+                    continue
+                stats.recovered_moves += 1
+            pairs.append((engine_hash, own))
         hashes = [e for e, _ in pairs]
         found = [o for _, o in pairs]
     add(worker, hashes, cast(list[int], found), tier, now_s, stats)
@@ -90,6 +97,8 @@ def add(
         add_known(worker, owns, masks, added, tier, table, stats)
     if worker.lru is not None:
         worker.touch(hashes, owns, now_s)
+    if len(worker.emap) > worker.peak:
+        worker.peak = len(worker.emap)
 
 
 def add_known(
@@ -138,7 +147,7 @@ def remove(worker: Worker, event: BlockRemoved, stats: ApplyStats) -> None:
     if event.group_idx in worker.nonfull_groups:
         stats.ignored_blocks += len(event.block_hashes)
         return
-    hashes = engine_keys(event.block_hashes)
+    hashes = event.block_hashes
     tier = tier_index(event.medium)
     table = worker.space.masks[tier][worker.word]
     bit = worker.bit
@@ -152,11 +161,13 @@ def remove(worker: Worker, event: BlockRemoved, stats: ApplyStats) -> None:
             table.update([(o, m ^ bit) for o, m in zip(owns, masks, strict=True) if m != bit])
         worker.counts[tier] -= len(owns)
         stats.removed_blocks += len(owns)
-        held = owns
+        gone: list[tuple[int, int]] = list(zip(hashes, owns, strict=True))
         if len(worker.tiers) > 1:
-            held = refile_held(worker, hashes, held)
+            gone = refile_held(worker, gone)
+        for engine_hash, own in gone:
+            worker.forget_engine(engine_hash, own)
         if worker.lru is not None:
-            worker.untouch(held)
+            worker.untouch([own for _, own in gone])
         return
     for own, mask in zip(owns, masks, strict=True):
         if mask:
@@ -165,17 +176,18 @@ def remove(worker: Worker, event: BlockRemoved, stats: ApplyStats) -> None:
     remove_each(worker, hashes, tier, table, stats)
 
 
-def refile_held(worker: Worker, hashes: Sequence[int], owns: list[int]) -> list[int]:
-    """After removing from one tier: engine hashes of blocks still held in another tier
-    go back into the map. Returns the blocks gone from the worker."""
+def refile_held(worker: Worker, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """After removing from one tier: (engine, own) pairs of blocks still held in another
+    tier go back into the map. Returns the pairs of the blocks gone from the worker."""
+    owns = [own for _, own in pairs]
     bit, held = worker.bit, [False] * len(owns)
     for tier in worker.tiers:
         masks = map(worker.space.masks[tier][worker.word].get, owns, repeat(0))
         held = [h or bool(m & bit) for h, m in zip(held, masks, strict=True)]
     if not any(held):
-        return owns
-    worker.emap.update((e, o) for e, o, h in zip(hashes, owns, held, strict=True) if h)
-    return [o for o, h in zip(owns, held, strict=True) if not h]
+        return pairs
+    worker.emap.update(pair for pair, h in zip(pairs, held, strict=True) if h)
+    return [pair for pair, h in zip(pairs, held, strict=True) if not h]
 
 
 def remove_each(
@@ -212,6 +224,7 @@ def remove_each(
         stats.removed_blocks += 1
         if not worker.holds(own):
             del emap[engine_hash]
+            worker.forget_engine(engine_hash, own)
             if worker.lru is not None:
                 worker.untouch([own])
 
@@ -234,6 +247,7 @@ def forget(worker: Worker, own: int) -> None:
         engine_hash = worker.untouch([own])
         if engine_hash is not None and worker.emap.get(engine_hash) == own:
             del worker.emap[engine_hash]
+            worker.forget_engine(engine_hash, own)
 
 
 def clear(worker: Worker, tier: int | None) -> None:
@@ -256,15 +270,18 @@ def clear(worker: Worker, tier: int | None) -> None:
     if tier is None:
         worker.emap.clear()
         worker.tiers.clear()
+        worker.recent.clear()
         worker.approximate = False
         if worker.lru is not None:
             worker.lru.clear()
             worker.rev.clear()
         return
     worker.tiers.discard(tier)
-    gone = [(e, o) for e, o in worker.emap.items() if not worker.holds(o)]
+    # remembered by engine hash (the order both backends can give)
+    gone = sorted((e, o) for e, o in worker.emap.items() if not worker.holds(o))
     for engine_hash, own in gone:
         del worker.emap[engine_hash]
+        worker.forget_engine(engine_hash, own)
         if worker.lru is not None:
             worker.untouch([own])
 

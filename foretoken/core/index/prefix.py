@@ -22,11 +22,14 @@ This class is the Python reference backend of :class:`~foretoken.core.index.prot
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
 
 import msgspec
 import numpy as np
 
 from foretoken.core.index import content_hash, events
+from foretoken.core.index.protocol import IndexBackend
+from foretoken.core.index.recent import RecentPolicy
 from foretoken.core.index.state import (
     TIERS,
     ApplyStats,
@@ -49,19 +52,26 @@ from foretoken.core.types import (
     WorkerId,
 )
 
-SNAPSHOT_VERSION = 1
+# 2: content hash spec v2 (xxh3, 64 bits), engine hashes unmasked, the cross-tier rule.
+SNAPSHOT_VERSION = 2
+# The native backend's snapshots start with this (foretoken_native, native/src/snapshot.rs).
+NATIVE_MAGIC = b"FTKNIDX\x00"
 # apply() keeps its per-call stats and sums them into the totals this often (amortized).
 FOLD_STATS_EVERY = 1024
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(IndexState)
+_header = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
 
 class PrefixIndex:
     """Which workers hold which prefix of a prompt, in which tier."""
 
-    def __init__(self, *, salt: bytes = b"") -> None:
+    backend: Final[IndexBackend] = "python"
+
+    def __init__(self, *, salt: bytes = b"", recent: RecentPolicy | None = None) -> None:
         self._salt = salt
+        self._recent = recent or RecentPolicy()
         self._workers: dict[WorkerId, Worker] = {}
         self._spaces: dict[tuple[str, int], Space] = {}
         self._models: dict[str, list[Space]] = {}
@@ -94,7 +104,7 @@ class PrefixIndex:
             old = None
         if old is None:
             space = self._space(model, block_size)
-            old = Worker(worker_id, model, space, space.take_slot())
+            old = Worker(worker_id, model, space, space.take_slot(), self._recent)
             space.place(old)
             self._workers[worker_id] = old
         old.eagle = eagle
@@ -173,7 +183,7 @@ class PrefixIndex:
         if self._touches:
             self._apply_touches()
         # Tail first: the LRU then drops a prompt's last blocks before its prefix.
-        owns = [h & events.ENGINE_KEY_MASK for h in reversed(_int_list(own_hashes))]
+        owns = _int_list(own_hashes)[::-1]
         gpu, bit = tier_index("GPU"), worker.bit
         table = worker.space.masks[gpu][worker.word]
         new = [own for own in owns if not table.get(own, 0) & bit]
@@ -220,8 +230,7 @@ class PrefixIndex:
     ) -> np.ndarray:
         """Own hashes (uint64) of the prompt's full blocks in the (model, block size) space."""
         seed = content_hash.root_seed(self._salt, model, block_size, lora_name)
-        tokens = content_hash.as_python_ints(token_ids)
-        owns = content_hash.chain(seed, tokens, block_size, extra_keys)
+        owns = content_hash.chain(seed, token_ids, block_size, extra_keys)
         return np.array(owns, dtype=np.uint64)
 
     def lookup(
@@ -241,7 +250,7 @@ class PrefixIndex:
         of store-only workers (applied lazily with the next batch).
         """
         hits: dict[WorkerId, CacheHit] = {}
-        tokens = None if token_ids is None else content_hash.as_python_ints(token_ids)
+        tokens = None if token_ids is None else content_hash.packed(token_ids)
         for space in self._models.get(model, ()):
             given = None if own_hashes is None else own_hashes.get(space.block_size)
             if given is not None:
@@ -276,6 +285,7 @@ class PrefixIndex:
                 "blocks": {TIERS[t]: worker.counts[t] for t in range(len(TIERS))},
                 "engine_hashes": len(worker.emap),
                 "duplicate_copies": sum(sum(d.values()) for d in worker.dups),
+                "recently_removed": len(worker.recent),
             }
         spaces = [
             {
@@ -320,8 +330,11 @@ class PrefixIndex:
         self._apply_touches()
         state = IndexState(
             version=SNAPSHOT_VERSION,
+            hash_spec=content_hash.HASH_SPEC,
             fingerprint=content_hash.scheme_fingerprint(),
             salt=self._salt,
+            recent_min_blocks=self._recent.min_blocks,
+            recent_peak_factor=self._recent.peak_factor,
             workers=[w.to_state() for w in self._workers.values()],
             spaces=[
                 SpaceState(s.model, s.block_size, s.tables_state()) for s in self._spaces.values()
@@ -332,25 +345,49 @@ class PrefixIndex:
 
     @classmethod
     def restore(cls, data: bytes) -> PrefixIndex:
+        """The index of a :meth:`snapshot`; ``ValueError`` (saying which) for a snapshot of
+        the native backend, of another format version or of another hash spec."""
+        check_snapshot(data)
         state = _decoder.decode(data)
-        if state.version != SNAPSHOT_VERSION:
+        if state.hash_spec != content_hash.HASH_SPEC or (
+            state.fingerprint != content_hash.scheme_fingerprint()
+        ):
             raise ValueError(
-                f"snapshot version {state.version}, this build reads {SNAPSHOT_VERSION}"
+                f"python index snapshot hashed with content hash spec v{state.hash_spec}, "
+                f"this build hashes with v{content_hash.HASH_SPEC}: rebuild it from the events"
             )
-        if state.fingerprint != content_hash.scheme_fingerprint():
-            raise ValueError("snapshot hashed by another Python implementation; rebuild it")
-        index = cls(salt=state.salt)
+        recent = RecentPolicy(state.recent_min_blocks, state.recent_peak_factor)
+        index = cls(salt=state.salt, recent=recent)
         for space_state in state.spaces:
             index._space(space_state.model, space_state.block_size).load_tables(space_state.tables)
         for worker_state in state.workers:
             space = index._space(worker_state.model, worker_state.block_size)
-            worker = Worker.from_state(worker_state, space)
+            worker = Worker.from_state(worker_state, space, recent)
             space.place(worker)
             index._workers[worker.worker_id] = worker
         for space in index._spaces.values():
             share_ints(space)
         index._totals = state.totals
         return index
+
+
+def check_snapshot(data: bytes) -> None:
+    """Refuse, with the reason, what is not a python index snapshot of this format."""
+    if data[: len(NATIVE_MAGIC)] == NATIVE_MAGIC:
+        raise ValueError(
+            "a native index snapshot (FTKNIDX format), not a python one: the python backend "
+            'cannot restore it (set [index] backend = "native", or rebuild from the events)'
+        )
+    try:
+        header = _header.decode(data)
+        version = msgspec.msgpack.decode(header[0], type=int)
+    except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
+        raise ValueError("not a foretoken python index snapshot (unreadable)") from None
+    if version != SNAPSHOT_VERSION:
+        raise ValueError(
+            f"python index snapshot format version {version}, this build reads "
+            f"{SNAPSHOT_VERSION} (v1 used content hash spec v1): rebuild it from the events"
+        )
 
 
 def _int_list(values: Sequence[int] | np.ndarray) -> list[int]:

@@ -1,7 +1,8 @@
 """The cache index's values and state containers (used by :mod:`foretoken.core.index.prefix`).
 
 ``Space``: one (model, block size) hash space with its per-tier, per-64-slot mask tables.
-``Worker``: one worker's engine-hash map, duplicate copies, counters and store-only LRU.
+``Worker``: one worker's engine-hash map, duplicate copies, counters, store-only LRU and
+recently removed blocks (:mod:`foretoken.core.index.recent`).
 The msgspec Structs at the end are the snapshot format.
 """
 
@@ -18,6 +19,7 @@ import msgspec
 from msgspec.structs import astuple
 
 from foretoken.core.index import content_hash
+from foretoken.core.index.recent import Recent, RecentPolicy
 from foretoken.core.types import ModelName, Tier, WorkerId
 
 TIERS: Final[tuple[Tier, ...]] = ("GPU", "CPU", "DISK", "SHARED")  # fastest first
@@ -90,6 +92,10 @@ class ApplyStats(msgspec.Struct, gc=False):
     trimmed_blocks: int = 0
     unknown_worker_batches: int = 0
     model_mismatch_batches: int = 0
+    # The cross-tier rule (foretoken.core.index.recent): stores whose parent, and blocks of
+    # stores without token ids whose engine hash, were found among the recently removed.
+    recovered_parents: int = 0
+    recovered_moves: int = 0
 
     @classmethod
     def total(cls, many: Sequence[ApplyStats]) -> ApplyStats:
@@ -119,6 +125,8 @@ class WorkerState(msgspec.Struct, array_like=True, gc=False):
     lru: dict[int, float] | None
     rev: dict[int, int] | None
     next_sweep_s: float
+    peak: int
+    recent: list[list[tuple[int, int]]]
 
 
 class SpaceState(msgspec.Struct, array_like=True, gc=False):
@@ -129,8 +137,11 @@ class SpaceState(msgspec.Struct, array_like=True, gc=False):
 
 class IndexState(msgspec.Struct, array_like=True, gc=False):
     version: int
+    hash_spec: int
     fingerprint: int
     salt: bytes
+    recent_min_blocks: int
+    recent_peak_factor: float
     workers: list[WorkerState]
     spaces: list[SpaceState]
     totals: ApplyStats
@@ -194,16 +205,17 @@ class Space:
         return seed
 
     def hash_chunks(
-        self, tokens: Sequence[int], lora_name: str | None, extra_keys: Sequence[str]
+        self, tokens: bytes, lora_name: str | None, extra_keys: Sequence[str]
     ) -> Iterator[list[int]]:
-        """The prompt's own hashes, lazily, in growing chunks."""
+        """The prompt's own hashes (from packed u32 token ids), lazily, in growing chunks."""
         size = self.block_size
-        total = len(tokens) // size
+        width = 4 * size
+        total = len(tokens) // width
         start, step, prev = 0, FIRST_CHUNK_BLOCKS, self.seed(lora_name)
         while start < total:
             stop = min(total, start + step)
             keys = extra_keys[start:stop] if extra_keys else ()
-            chunk = content_hash.chain(prev, tokens[start * size : stop * size], size, keys)
+            chunk = content_hash.chain(prev, tokens[start * width : stop * width], size, keys)
             yield chunk
             start, step, prev = stop, min(step * 4, MAX_CHUNK_BLOCKS), chunk[-1]
 
@@ -239,6 +251,9 @@ class Worker:
         "model",
         "next_sweep_s",
         "nonfull_groups",
+        "peak",
+        "policy",
+        "recent",
         "reset_reason",
         "resets",
         "rev",
@@ -250,7 +265,14 @@ class Worker:
         "worker_id",
     )
 
-    def __init__(self, worker_id: WorkerId, model: ModelName, space: Space, slot: int) -> None:
+    def __init__(
+        self,
+        worker_id: WorkerId,
+        model: ModelName,
+        space: Space,
+        slot: int,
+        policy: RecentPolicy,
+    ) -> None:
         self.worker_id = worker_id
         self.model = model
         self.space = space
@@ -275,6 +297,9 @@ class Worker:
         self.rev: dict[int, int] = {}  # store-only: own → engine hash
         self.next_sweep_s = math.inf
         self.limit: int | None = None  # sweep when the LRU grows past this
+        self.policy = policy
+        self.recent = Recent()  # recently removed blocks (the cross-tier rule)
+        self.peak = 0  # the most engine hashes this worker has mapped at once
 
     def configure_store_only(self, ttl_s: float | None, capacity: int | None) -> None:
         self.ttl_s, self.capacity = ttl_s, capacity
@@ -283,13 +308,24 @@ class Worker:
             self.lru, self.rev = None, {}
             self.next_sweep_s = math.inf
         elif self.lru is None:
-            self.lru = dict.fromkeys(self.emap.values(), -math.inf)
-            self.rev = {own: eh for eh, own in self.emap.items()}
+            # Blocks already held become the oldest, by engine hash (the order both
+            # backends can give: the maps' own orders differ).
+            held = sorted(self.emap.items())
+            self.lru = dict.fromkeys((own for _, own in held), -math.inf)
+            self.rev = {own: eh for eh, own in held}
             self.next_sweep_s = -math.inf
 
     @property
     def store_only(self) -> bool:
         return self.lru is not None
+
+    def forget_engine(self, engine_hash: int, own: int) -> None:
+        """An engine hash left the map: remember it (the cross-tier rule)."""
+        self.recent.insert(engine_hash, own, self.policy.capacity(self.peak))
+
+    def resolve_removed(self, engine_hash: int) -> int | None:
+        """The own hash a recently removed engine hash named (None: not remembered)."""
+        return self.recent.get(engine_hash)
 
     def holds(self, own: int) -> bool:
         bit, word, masks = self.bit, self.word, self.space.masks
@@ -367,11 +403,13 @@ class Worker:
             lru=self.lru,
             rev=self.rev if self.lru is not None else None,
             next_sweep_s=self.next_sweep_s,
+            peak=self.peak,
+            recent=self.recent.state(),
         )
 
     @classmethod
-    def from_state(cls, state: WorkerState, space: Space) -> Worker:
-        worker = cls(state.worker_id, state.model, space, state.slot)
+    def from_state(cls, state: WorkerState, space: Space, policy: RecentPolicy) -> Worker:
+        worker = cls(state.worker_id, state.model, space, state.slot, policy)
         worker.eagle = state.eagle
         worker.ttl_s, worker.capacity = state.ttl_s, state.capacity
         if state.capacity is not None:
@@ -388,6 +426,8 @@ class Worker:
         worker.lru = state.lru
         worker.rev = state.rev or {}
         worker.next_sweep_s = state.next_sweep_s
+        worker.peak = state.peak
+        worker.recent = Recent([list(pairs) for pairs in state.recent])
         return worker
 
 

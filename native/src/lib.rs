@@ -1,0 +1,28 @@
+//! foretoken's native hot path: the chained own content hash (spec v2, [`hash`]) and the
+//! multi-tier prefix index ([`index::Index`]), a port of the Python reference
+//! (`PrefixIndex`) with the cross-tier rule ([`recent`]). The PyO3 bindings live in `py`
+//! (feature `python`, on by default; maturin builds the module `foretoken_native`).
+
+// `unsafe` is denied everywhere but in `prefetch`, whose one block carries its proof.
+#![deny(unsafe_code)]
+
+pub mod flat;
+pub mod hash;
+pub mod index;
+pub mod lru;
+pub mod prefetch;
+pub mod recent;
+pub mod snapshot;
+pub mod space;
+pub mod stats;
+pub mod table;
+pub mod walk;
+pub mod worker;
+
+#[cfg(feature = "python")]
+mod py;
+
+pub use index::{Event, Hit, Index, IndexError};
+pub use space::TIERS;
+pub use stats::ApplyStats;
+pub use worker::{RecentPolicy, Stored};
