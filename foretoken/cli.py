@@ -288,9 +288,34 @@ def load(
 
 
 @bench_app.command("predict")
-def bench_predict(quick: bool = typer.Option(False, help="A few hundred requests.")) -> None:
-    """Prediction accuracy and routing quality against baselines, on the Mooncake trace."""
-    _bench(["predict"], quick)
+def bench_predict(
+    quick: bool = typer.Option(False, help="A few hundred requests (with --matrix: ≤ 10 min)."),
+    trace: str | None = typer.Option(None, help="A shipped or generated trace, or a file."),
+    fleet: str | None = typer.Option(None, help="A shipped fleet, random-SEED, or a file."),
+    loads: str = typer.Option("0.8,1.0,1.3", help="× the calibrated capacity."),
+    load: float | None = typer.Option(None, help="One load (--explain)."),
+    limit: int | None = typer.Option(None, help="Requests per cell."),
+    seed: int = typer.Option(0, help="Seed of the generated workloads."),
+    matrix: bool = typer.Option(False, help="Every trace × fleet × load (issue 15)."),
+    jobs: int = typer.Option(2, help="Parallel processes."),
+    explain: bool = typer.Option(False, help="Split each prediction's error into its parts."),
+    json_path: str | None = typer.Option(None, "--json", help="Write the JSON here."),
+) -> None:
+    """Prediction accuracy against baselines: the Mooncake benchmark (no options), one
+    trace × fleet at several loads (--trace/--fleet), the matrix (--matrix) or the error
+    decomposition (--explain)."""
+    from foretoken.bench.predict_cli import predict_command
+
+    if not (trace or fleet or matrix or explain):
+        _bench(["predict"], quick)
+        return
+    try:
+        predict_command(quick=quick, trace=trace, fleet=fleet, loads=loads, load=load,
+                        limit=limit, seed=seed, matrix=matrix, jobs=jobs, explain=explain,
+                        json_path=json_path)  # fmt: skip
+    except (ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
 
 
 @bench_app.command("route")
