@@ -23,6 +23,7 @@ import msgspec
 
 from foretoken.core.cost.fit import (
     SNAPSHOT_VERSION,
+    BusyChainFit,
     FitConfig,
     FitState,
     OnlinePrefillFit,
@@ -140,6 +141,19 @@ class FitRegistry:
         if fits.busy is None:
             fits.busy = OnlinePrefillFit(self.config)
         return fits.busy.observe(n_tokens, seconds, ts, cached_tokens)
+
+    def observe_busy_chain(
+        self, worker_id: WorkerId, config_hash: str, u: float, v: float, seconds: float,
+        ts: float,
+    ) -> bool:  # fmt: skip
+        """A busy chain (:mod:`foretoken.core.cost.busy_chains`): consecutive first tokens
+        of a never-idle worker, their gaps summed less the steps' overhead and decode, and
+        the prompts' regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)``. Like busy samples, it
+        bootstraps a worker without cold samples (it replaces a per-prompt busy fit)."""
+        fits = self._for_sample(worker_id, config_hash)
+        if not isinstance(fits.busy, BusyChainFit):
+            fits.busy = BusyChainFit(self.config)
+        return fits.busy.observe_uv(u, v, seconds, ts)
 
     def observe_decode(
         self, worker_id: WorkerId, config_hash: str, tpot_s: float, mean_running: float, ts: float

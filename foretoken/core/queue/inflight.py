@@ -116,6 +116,17 @@ class InFlightEstimate:
         else:
             scheduler.drop_decoder(seq)
 
+    def admission_blocked(self) -> bool:
+        """Whether the head of the waiting queue cannot start now: ``max_num_seqs`` run,
+        or its KV blocks do not fit (the engine then runs steps that only decode)."""
+        scheduler = self._scheduler
+        if not scheduler.waiting:
+            return False
+        if scheduler.running_count >= scheduler.max_seqs:
+            return True
+        head = scheduler.waiting[0].blocks
+        return scheduler.kv_used > 0 and scheduler.kv_used + head > scheduler.kv_cap
+
     def phase(self, key: object) -> Phase | None:
         seq = self._seqs.get(key)
         if seq is None:

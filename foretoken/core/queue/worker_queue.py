@@ -202,6 +202,11 @@ class WorkerQueue:
         self._catch_up(now_s, cost)
         return self._estimate.predict(new_request, now_s, cost)
 
+    def admission_blocked(self, now_s: float, cost: StepCost) -> bool:
+        """Whether the estimate at ``now_s`` has a waiting head that cannot start."""
+        self._catch_up(now_s, cost)
+        return self._estimate.admission_blocked()
+
     def drain_s(self, now_s: float, cost: StepCost) -> float:
         """Seconds until every prompt now queued here is prefilled (for Retry-After)."""
         self._catch_up(now_s, cost)

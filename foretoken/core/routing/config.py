@@ -36,6 +36,9 @@ class PredictorConfig:
     # request's decode window, dropped below this share of the raw TPOT.
     decode_windows: bool = True
     decode_min_share: float = 0.1
+    # Busy-period prefill samples from chains of consecutive first tokens, each cut once its
+    # prompts hold this many step budgets of new tokens (0: one sample per large prompt).
+    busy_chain_budgets: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -22,14 +22,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from foretoken.core.cost.busy_chains import BusyChains
 from foretoken.core.cost.decode_windows import DecodeWindows, Window
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
 from foretoken.core.index.protocol import Index
-from foretoken.core.queue.worker_queue import WorkerQueue
+from foretoken.core.queue.worker_queue import Outstanding, WorkerQueue
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.fleet import WorkerBook
-from foretoken.core.types import GradedRequest, RequestId, RequestOutcome, WorkerId
+from foretoken.core.routing.predict import step_cost
+from foretoken.core.types import (
+    GradedRequest,
+    RequestId,
+    RequestOutcome,
+    WorkerId,
+    WorkerProfile,
+)
 
 
 class Learner:
@@ -44,6 +52,7 @@ class Learner:
         # in the index as cached there once their first token arrives.
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
         self.windows = DecodeWindows(config.decode_min_share)
+        self.chains = BusyChains(config.busy_chain_budgets)
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         self._observe_served(outcome, now_s)
@@ -115,6 +124,10 @@ class Learner:
         assert graded.actual_ttft_s is not None
         self.fits.observe_cold(wid, profile.config_hash, graded.prompt_tokens,
                                graded.actual_ttft_s, now_s, cached)  # fmt: skip
+        if self.config.busy_chain_budgets > 0 and self.fits.own_curve(wid).default:
+            n, k = graded.prompt_tokens, min(cached, graded.prompt_tokens)
+            self.fits.observe_busy_chain(wid, profile.config_hash, n - k, n * n - k * k,
+                                         graded.actual_ttft_s, now_s)  # fmt: skip
         return True
 
     def remember_prompt(
@@ -161,6 +174,9 @@ class Learner:
         profile = self.book.profiles.get(wid)
         if entry is None or profile is None or prev is None or entry.first_token_s is not None:
             return
+        if self.config.busy_chain_budgets > 0 and profile.scheduler.chunked_prefill:
+            self._busy_chain(queue, outcome, entry, profile, prev, now_s)
+            return
         if not entry.sent_at_s < prev < outcome.ts:
             return
         scheduler = profile.scheduler
@@ -169,6 +185,29 @@ class Learner:
             return  # smaller prompts share steps: the gap is not theirs alone
         self.fits.observe_busy(wid, profile.config_hash, entry.prompt_tokens, outcome.ts - prev,
                                now_s, entry.cached_tokens)  # fmt: skip
+
+    def _busy_chain(
+        self, queue: WorkerQueue, outcome: RequestOutcome, entry: Outstanding,
+        profile: WorkerProfile, prev: float, now_s: float,
+    ) -> None:  # fmt: skip
+        """Busy chains (:mod:`foretoken.core.cost.busy_chains`) on a chunked engine."""
+        wid, ts, chains = outcome.worker_id, outcome.ts, self.chains
+        cost = step_cost(self.fits, wid)
+        if queue.admission_blocked(ts, cost):
+            chains.drop(wid)  # the gap holds steps waiting for KV blocks or a seat
+            return
+        same_step = prev == ts and entry.sent_at_s < prev and chains.has(wid)
+        if not same_step and not entry.sent_at_s < prev < ts:
+            chains.drop(wid)  # it may have paused: start afresh
+            return
+        line = self.windows.lines.get(wid)
+        decoding = line.decoding if line is not None else 0.0
+        step_s = cost.step_overhead_s + cost.decode_s_per_seq * decoding
+        sample = chains.add(wid, profile.scheduler, entry.prompt_tokens, entry.cached_tokens,
+                            ts - prev, step_s, decoding)  # fmt: skip
+        if sample is not None:
+            self.fits.observe_busy_chain(wid, profile.config_hash, sample.u, sample.v,
+                                         sample.seconds, now_s)  # fmt: skip
 
     def _mark_busy(self, wid: WorkerId, ts: float) -> None:
         if ts > self.busy_mark_s.get(wid, -math.inf):

@@ -487,3 +487,20 @@ def test_a_worker_without_a_fit_takes_the_median_of_its_fitted_peers() -> None:
     assert registry.curve(other) == registry.own_curve(other)  # another model: no peers
     feed(registry, w3, "h1", 40, seed=3)  # its own fit takes over
     assert registry.curve(w3) == registry.own_curve(w3) and not registry.curve(w3).default
+
+
+def test_busy_chain_fit_recovers_a_with_b_fixed_despite_two_sided_noise() -> None:
+    from foretoken.core.cost.fit import BusyChainFit, FitConfig
+
+    rng = np.random.default_rng(7)
+    a, b = 3.0e-5, 3.7e-11
+    fit = BusyChainFit(FitConfig(), b=b)
+    assert fit.curve.default
+    for i in range(60):
+        n = rng.integers(2_000, 40_000, size=3)
+        u, v = float(n.sum()), float((n * n).sum())
+        noise = rng.choice([0.7, 1.0, 1.0, 1.0, 1.6])  # shared steps on either side
+        assert fit.observe_uv(u, v, (a * u + b * v) * noise * rng.lognormal(0, 0.05), float(i))
+    curve = fit.refit()
+    assert not curve.default and curve.b == b
+    assert curve.a == pytest.approx(a, rel=0.1)
