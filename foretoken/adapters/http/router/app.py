@@ -120,13 +120,17 @@ class RouterState:
         offered = given.encode()
         return any(hmac.compare_digest(offered, key) for key in self.keys)
 
-    def upstream_headers(self, request: web.Request, request_id: str) -> dict[str, str]:
+    def upstream_headers(self, request: web.Request, request_id: str,
+                         engine: EngineConfig | None = None) -> dict[str, str]:  # fmt: skip
         out = {"Content-Type": "application/json"}
         for name in self.forward_headers:
             value = request.headers.get(name)
             if value is not None:
                 out[name] = value
         out.setdefault("x-request-id", request_id)
+        if engine is not None and not engine.request_id_header:
+            for name in [k for k in out if k.lower() == "x-request-id"]:
+                del out[name]
         return out
 
 
@@ -234,7 +238,7 @@ async def relay_to_engine(
     assert state.engine_session is not None
     try:
         measured = await forward(state.engine_session, url, body,
-                                 state.upstream_headers(request, p.request_id), relay,
+                                 state.upstream_headers(request, p.request_id, engine), relay,
                                  first_token, state.engine_timeout)  # fmt: skip
     except ClientGone:
         publish_completion(state, p, worker, engine, arrived, None, "cancelled", "client went away")
