@@ -54,7 +54,9 @@ def _add(p: dict[str, float], st: Any, j: int, over: float, chunk_s: Any) -> Non
         p["prefill_ahead"] += chunk_s(computed, computed + j * size)
 
 
-def predicted_parts(fut: Future, prompt_tokens: int, cached_tokens: int, now_s: float) -> dict:
+def predicted_parts(
+    fut: Future, prompt_tokens: int, cached_tokens: int, now_s: float, output_tokens: int = 1
+) -> dict:
     """:meth:`Future.first_token`'s walk, split into its parts (module doc)."""
     settings, cost = fut.settings, fut.cost
     first, prompt = prefill_span(prompt_tokens, cached_tokens)
@@ -93,7 +95,7 @@ def predicted_parts(fut: Future, prompt_tokens: int, cached_tokens: int, now_s: 
         need = -(-(prompt - computed) // per)
         p["steps"] += need
         p["overhead"] += need * over
-    total = fut.first_token(NewRequest(prompt_tokens, cached_tokens), now_s).ttft_s
+    total = fut.first_token(NewRequest(prompt_tokens, cached_tokens, output_tokens), now_s).ttft_s
     p["own_walk"] = cost.chunk_s(first, prompt)
     p["walk_rest"] = total - p["own_walk"] - sum(p[k] for k in QUEUE_PARTS)
     return p
@@ -109,12 +111,12 @@ class Decomposer:
         preds = policy.core.service.predictions
         original = preds._one
 
-        def one(profile, hit, n, now_s):
-            cand = original(profile, hit, n, now_s)
+        def one(profile, hit, n, now_s, out):
+            cand = original(profile, hit, n, now_s, out)
             if self.current is not None:
                 wid = profile.worker_id
                 fut = preds.book.queues[wid]._estimate.future(now_s, step_cost(preds.fits, wid))
-                parts = predicted_parts(fut, n, cand.cached_tokens, now_s)
+                parts = predicted_parts(fut, n, cand.cached_tokens, now_s, out)
                 pred = cand.prediction
                 parts["own"] = preds.fits.curve(wid).own_prefill_s(n, cand.cached_tokens)
                 parts["load"] = pred.prefill_s - parts["own"]
