@@ -70,9 +70,13 @@ def predicted_parts(
     p = dict(residual=max(fut.ready_s, now_s) - now_s, overhead=0.0, decode=0.0,
              prefill_ahead=0.0, steps=0.0)  # fmt: skip
     computed, admitted, done = first, False, False
+    kv = fut.kv  # the KV model: a head whose blocks do not fit waits (Future.first_token)
+    blocks = kv.blocks(prompt, first, output_tokens) if kv is not None else 0
+    kv_cap = kv.gpu_blocks if kv is not None else 0
     for st in fut.stretches:
         left = st.budget_left
-        if left <= 0 or (not admitted and (st.running >= max_seqs or st.waiting)):
+        blocked = st.running >= max_seqs or st.waiting or st.kv_used + blocks > kv_cap > 0
+        if left <= 0 or (not admitted and blocked):
             _add(p, st, st.steps, over, cost.chunk_s)
             continue
         if not chunked:

@@ -212,6 +212,11 @@ class FitRegistry:
         fits = self.fits(worker_id)
         return self._default_curve if fits is None else fits.curve
 
+    def has_cold_fit(self, worker_id: WorkerId) -> bool:
+        """Whether the worker's current configuration has a fit from cold samples."""
+        fits = self.fits(worker_id)
+        return fits is not None and not fits.prefill.curve.default
+
     def own_step_cost(self, worker_id: WorkerId) -> StepCost:
         fits = self.fits(worker_id)
         return self._default_step if fits is None else fits.step.cost
