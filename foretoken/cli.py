@@ -336,6 +336,13 @@ def bench_router(quick: bool = typer.Option(False, help="Short windows, lower ra
     _bench(["router"], quick)
 
 
+@bench_app.command("aiperf")
+def bench_aiperf(quick: bool = typer.Option(False, help="60 requests instead of 200.")) -> None:
+    """NVIDIA aiperf through the router on the engine stub (`make aiperf` installs it): its
+    TTFT next to the router's own."""
+    _bench(["aiperf"], quick)
+
+
 @bench_app.command("approx")
 def bench_approx(quick: bool = typer.Option(False, help="300 requests instead of 1,500.")) -> None:
     """The predictor with an approximate cache view (no KV events) against event-fed credit."""

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "route": "foretoken.bench.route_bench",
     "approx": "foretoken.bench.approx_bench",
     "real-engine": "foretoken.bench.real_engine_bench",
+    "aiperf": "foretoken.bench.aiperf_bench",  # needs `make aiperf` (a venv of its own)
 }
 OUT_DIR = Path(".run/bench")
 
