@@ -120,20 +120,29 @@ def worker(config: str | None = ConfigOpt) -> None:
 @app.command()
 def ingest(
     engines: str = typer.Option(..., "--engines", "-e", help="Engines config file (TOML)."),
-    metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this port (0: off)."),
+    host: str | None = typer.Option(None, help="Address of /healthz and /metrics (settings)."),
+    port: int | None = typer.Option(None, help="Port of /healthz and /metrics; 0: none."),
     config: str | None = ConfigOpt,
 ) -> None:
     """Engines' ZMQ KV events → normalized batches on kv-events; engines → workers."""
+    import msgspec
+
     from foretoken.adapters.engines.engines_file import EnginesConfigError, load_engines
     from foretoken.adapters.engines.ingest import run_ingest
 
     settings = _settings(config)
+    page = {"host": host or settings.ingest.host}
+    if port is not None:
+        page["port"] = port  # type: ignore[assignment]
+    settings = msgspec.structs.replace(
+        settings, ingest=msgspec.structs.replace(settings.ingest, **page)
+    )
     try:
         listed = load_engines(engines)
     except EnginesConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    run_ingest(settings, listed, metrics_port or None)
+    run_ingest(settings, listed)
 
 
 @fleet_app.command("run")
@@ -459,16 +468,19 @@ def sql(
 def dashboard(
     lake: str = typer.Option(..., help="The grading lake directory."),
     port: int = typer.Option(8501, help="Port of the dashboard."),
+    host: str | None = typer.Option(None, help="Listen address (default: dashboard.host)."),
     refresh_s: float = typer.Option(0.0, help="Auto-refresh every N seconds (0: off)."),
+    config: str | None = ConfigOpt,
 ) -> None:
     """The Streamlit dashboard over a grading lake."""
     import os
 
     from foretoken.adapters.dashboard import APP_PATH as app_path
 
+    address = host or _settings(config).dashboard.host  # Streamlit binds every interface else
     args = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless",
-            "true", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-            "--", "--lake", lake]  # fmt: skip
+            "true", "--server.address", address, "--server.port", str(port),
+            "--browser.gatherUsageStats", "false", "--", "--lake", lake]  # fmt: skip
     if refresh_s:
         args += ["--refresh-s", str(refresh_s)]
     os.execv(sys.executable, args)

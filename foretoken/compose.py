@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.grading.join import GradingJoin, JoinConfig
 from foretoken.core.index.approx import ApproxCacheConfig, index_params
@@ -90,6 +92,19 @@ def approx_config(settings: Settings) -> ApproxCacheConfig:
     return ApproxCacheConfig(worker.approx_cache_ttl_s, worker.approx_cache_default_tokens)
 
 
+def control_settings(
+    settings: Settings, controls: ControlSettings | None = None
+) -> ControlSettings:
+    """The controls' settings with the pending horizon capped at the router's engine timeout:
+    by then the router has ended every request it sent, so an outcome that has not come is
+    lost (``ControlSettings.pending_horizon_s``)."""
+    base = controls or settings.controls
+    cap = min(base.pending_max_age_s, settings.router.engine_timeout_s)
+    return msgspec.structs.replace(
+        base, pending_max_age_s=cap, pending_horizon_min_s=min(base.pending_horizon_min_s, cap)
+    )
+
+
 def build_core(
     settings: Settings,
     *,
@@ -103,7 +118,7 @@ def build_core(
     ``predictor`` and ``controls`` override the settings' (a replay's seed, classes), and
     ``with_controls=False`` runs without the latency controls."""
     index = index if index is not None else settings.index.make()
-    latency = LatencyControls(controls or settings.controls) if with_controls else None
+    latency = LatencyControls(control_settings(settings, controls)) if with_controls else None
     service = RouteService(
         index, FitRegistry(settings.fits), predictor or settings.predictor, latency
     )

@@ -47,6 +47,8 @@ __all__ = [
 GENERIC_ENV_PREFIX = "FORETOKEN__"
 # What a route call holds besides the packed prompt (ids, bound, class...), at most.
 ROUTE_ENVELOPE_BYTES = 64 * 1024
+# A kv-events record's envelope and key next to its value (aiokafka counts both).
+RECORD_OVERHEAD_BYTES = 16 * 1024
 
 
 class SettingsError(ValueError):
@@ -63,6 +65,9 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Every service waits this long at start for its topics to exist and have leaders
     # (streams/readiness.py), then stops with an error naming what it waited for.
     startup_timeout_s: float = 60.0
+    # The producers' largest request (aiokafka max_request_size; the broker's default
+    # message.max.bytes is about the same): a bigger record is refused at send time.
+    max_request_bytes: int = 1_048_576
 
 
 class TopicNames(msgspec.Struct, kw_only=True, frozen=True):
@@ -147,6 +152,71 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     tokenizers: dict[str, str] = {}
 
 
+class IngestSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """``foretoken ingest``: engines' ZMQ KV events to ``kv-events`` (adapters/engines)."""
+
+    # Its HTTP page (/healthz: every engine's listener; /metrics); port 0 = no page.
+    host: str = "127.0.0.1"
+    port: int = 6068
+    # ZMQ_MAXMSGSIZE of every SUB and replay socket: ZMQ drops a bigger message (and the
+    # connection it came on; the sequence gap is then repaired through replay, or reset).
+    max_message_bytes: int = 16 * 1024 * 1024
+    # ZMQ_RCVHWM: messages queued per socket before ZMQ drops (a gap, repaired or reset).
+    receive_hwm: int = 1000
+    # A kv-events record bigger than this is split into several records of the same seq
+    # (events, and the block hashes of one event, in order); below kafka.max_request_bytes.
+    max_record_bytes: int = 900 * 1024
+    # Payloads and batches bigger than this are decoded / encoded off the event loop.
+    offload_bytes: int = 256 * 1024
+    # An undecodable batch at the expected seq is taken as lost (not a reset); more than
+    # this many in a row (no decodable one between) reset the worker's index.
+    max_undecodable_run: int = 16
+    # How long the engine's replay socket may take per reply while a gap is repaired.
+    backfill_timeout_s: float = 2.0
+    # A disconnect that ZMQ does not follow with a reconnect attempt within this long (a
+    # protocol error, e.g. an oversized message) gets a new socket.
+    reconnect_grace_s: float = 1.0
+    # A listener that dies is restarted after this, doubling up to the max.
+    restart_backoff_s: float = 0.5
+    restart_backoff_max_s: float = 30.0
+
+
+class RouteSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """The route service (``POST /v1/route`` on the processor): who may call it, and the
+    limits its requests are decoded with (a violation is a 4xx naming the field)."""
+
+    # Shared token: when set, POST /v1/route and POST /v1/cache need it in header
+    # x-foretoken-route-token; the processor refuses to start on a web_host that is not
+    # loopback without one. The router sends it.
+    token: str = ""
+    # The longest prompt (token ids or prompt_tokens) a route request may carry.
+    max_prompt_tokens: int = 2_097_152
+    # expected_output_tokens (the request's max_tokens) within 1..this.
+    max_output_tokens: int = 1_048_576
+    # Largest body; 0 = derived from max_prompt_tokens (packed 32-bit ids, base64 in JSON).
+    max_body_bytes: int = 0
+    # The whole body must arrive within this long (else 408).
+    read_timeout_s: float = 10.0
+    # Bodies bigger than this are decoded off the event loop.
+    offload_bytes: int = 1_048_576
+
+    @property
+    def body_limit(self) -> int:
+        """The body size accepted: a prompt of ``max_prompt_tokens`` always fits."""
+        return self.max_body_bytes or derived_route_body_bytes(self.max_prompt_tokens)
+
+
+def derived_route_body_bytes(max_prompt_tokens: int) -> int:
+    """Packed ids take 4 bytes a token, 4/3 of that as base64 in JSON, plus the fields."""
+    return -(-16 * max_prompt_tokens // 3) + ROUTE_ENVELOPE_BYTES
+
+
+class DashboardSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """``foretoken dashboard`` (Streamlit)."""
+
+    host: str = "127.0.0.1"
+
+
 class LakeSettings(msgspec.Struct, kw_only=True, frozen=True):
     """The worker's sink of ``graded`` into the Parquet lake (``streams/lake_sink.py``)."""
 
@@ -172,6 +242,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     layout: TopicLayout = TopicLayout()
     worker: WorkerSettings = WorkerSettings()
     router: RouterSettings = RouterSettings()
+    route: RouteSettings = RouteSettings()
+    ingest: IngestSettings = IngestSettings()
+    dashboard: DashboardSettings = DashboardSettings()
     lake: LakeSettings = LakeSettings()
     controls: ControlSettings = ControlSettings()
     # The route service's decisions, the fits of the cost models, the grading join's timings.
@@ -217,6 +290,44 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
         unknown = set(self.layout.compacted) - set(self.topics.__struct_fields__)
         if unknown:
             raise ValueError(f"layout.compacted names unknown topics: {sorted(unknown)}")
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        i, route, kafka = self.ingest, self.route, self.kafka
+        if i.max_record_bytes + RECORD_OVERHEAD_BYTES > kafka.max_request_bytes:
+            raise ValueError(
+                f"ingest.max_record_bytes ({i.max_record_bytes}) + {RECORD_OVERHEAD_BYTES} must "
+                f"not exceed kafka.max_request_bytes ({kafka.max_request_bytes})"
+            )
+        if min(i.max_message_bytes, i.receive_hwm, i.offload_bytes, i.max_undecodable_run) < 1:
+            raise ValueError(
+                "ingest.max_message_bytes, receive_hwm, offload_bytes and max_undecodable_run "
+                "must be >= 1"
+            )
+        if not 0 < i.restart_backoff_s <= i.restart_backoff_max_s or i.backfill_timeout_s <= 0:
+            raise ValueError(
+                "need 0 < ingest.restart_backoff_s <= ingest.restart_backoff_max_s and "
+                "ingest.backfill_timeout_s > 0"
+            )
+        if i.reconnect_grace_s <= 0:
+            raise ValueError("ingest.reconnect_grace_s must be > 0")
+        if min(route.max_prompt_tokens, route.max_output_tokens) < 1:
+            raise ValueError("route.max_prompt_tokens and route.max_output_tokens must be >= 1")
+        if route.max_prompt_tokens < self.router.max_prompt_tokens:
+            raise ValueError(
+                f"route.max_prompt_tokens ({route.max_prompt_tokens}) must be at least "
+                f"router.max_prompt_tokens ({self.router.max_prompt_tokens}): the route service "
+                "must take every prompt the router accepts"
+            )
+        derived = derived_route_body_bytes(route.max_prompt_tokens)
+        if route.max_body_bytes and route.max_body_bytes < derived:
+            raise ValueError(
+                f"route.max_body_bytes ({route.max_body_bytes}) must hold a prompt of "
+                f"route.max_prompt_tokens ({route.max_prompt_tokens}): at least {derived} "
+                "(or 0 to derive it)"
+            )
+        if route.read_timeout_s <= 0 or route.offload_bytes < 1:
+            raise ValueError("route.read_timeout_s must be > 0 and route.offload_bytes >= 1")
 
     def topic(self, name: str) -> str:
         """The full topic name for a logical topic (``kv_events`` → ``<prefix>kv-events``)."""
@@ -234,6 +345,11 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
         return f"http://{host}:{self.worker.web_port}"
 
     @property
+    def binds_loopback_only(self) -> bool:
+        """Whether the processor's web server listens on a loopback address only."""
+        return is_loopback(self.worker.web_host)
+
+    @property
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser()
 
@@ -247,6 +363,18 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser()
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1; anything else (0.0.0.0, a name, an address) is not."""
+    import ipaddress
+
+    if host.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 # Environment variable → dotted settings path. The single list of every variable we read.
@@ -272,6 +400,10 @@ ENV_VARS: dict[str, str] = {
     "FORETOKEN_ROUTER_PROCESSES": "router.processes",
     "FORETOKEN_ROUTER_MAX_BODY_BYTES": "router.max_body_bytes",
     "FORETOKEN_ROUTER_API_KEYS_FILE": "router.api_keys_file",
+    "FORETOKEN_ROUTE_TOKEN": "route.token",
+    "FORETOKEN_INGEST_HOST": "ingest.host",
+    "FORETOKEN_INGEST_PORT": "ingest.port",
+    "FORETOKEN_DASHBOARD_HOST": "dashboard.host",
     "FORETOKEN_STATE_DIR": "state_dir",
     "FORETOKEN_CACHE_DIR": "cache_dir",
     "FORETOKEN_TRACES_DIR": "traces_dir",

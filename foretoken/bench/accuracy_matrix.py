@@ -30,7 +30,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from foretoken.bench.accuracy import SCHEMA, Prepared, prepare, run_cell
+from foretoken.bench.accuracy import CALIBRATION_RANGE, SCHEMA, Prepared, prepare, run_cell
 from foretoken.bench.predict_bench import BASELINES, PROFILED
 
 TRACES = ("mooncake", "azure-code", "azure-conv", "poisson-long", "bursty", "shared-system",
@@ -48,7 +48,7 @@ class Sizes:
     profile_requests: int
 
 
-QUICK = Sizes(limit=400, calibration_steps=4, profile_requests=80)
+QUICK = Sizes(limit=400, calibration_steps=5, profile_requests=80)
 FULL = Sizes(limit=1500, calibration_steps=6, profile_requests=240)
 SINGLE = Sizes(limit=500, calibration_steps=5, profile_requests=160)
 
@@ -82,7 +82,7 @@ def run_grid(pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Si
         "cells": rows,
         "summary": summarize(rows) | {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
                                       "jobs": jobs, "load_average_1m": os.getloadavg()[0]},
-        "runs": {"prepared": [_prep_meta(p) for p in preps],
+        "runs": {"prepared": [_prep_meta(p, sizes) for p in preps],
                  "cells": [c["meta"] for c in cells], "sizes": asdict(sizes)},
     }  # fmt: skip
 
@@ -109,9 +109,16 @@ def _in_pool(
     return preps, cells
 
 
-def _prep_meta(prep: Prepared) -> dict[str, Any]:
+def _cap(sizes: Sizes) -> float:
+    """The highest fraction a bisection of ``sizes.calibration_steps`` can return."""
+    low, high = CALIBRATION_RANGE
+    return high - (high - low) / 2**sizes.calibration_steps - 1e-9
+
+
+def _prep_meta(prep: Prepared, sizes: Sizes) -> dict[str, Any]:
     return {"trace": prep.trace, "fleet": prep.fleet, "requests": prep.requests,
             "refused": prep.refused, "calibration": prep.calibration,
+            "calibration_capped": prep.calibration >= _cap(sizes),
             "wall_s": prep.wall_s}  # fmt: skip
 
 

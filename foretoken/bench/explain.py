@@ -35,6 +35,7 @@ from foretoken.core.queue.future import Future
 from foretoken.core.queue.scheduler import NewRequest, prefill_span
 from foretoken.core.routing.predict import step_cost
 from foretoken.core.types import RequestId, WorkerId
+from foretoken.settings import load_settings
 from foretoken.sim.predictor_policy import PredictorPolicy
 from foretoken.sim.replay import EPOCH_BASE_TS, replay
 from foretoken.sim.traced import TracedEngine
@@ -169,7 +170,7 @@ def explain_load(args: tuple[Any, float]) -> dict[str, Any]:
     prep, load = args
     started = time.perf_counter()
     requests, fleet, speedup = cell_inputs(prep, load)
-    policy = _Explained.for_fleet(fleet, seed=SEED)
+    policy = _Explained.for_fleet(fleet, seed=SEED, settings=load_settings())
     engines: dict[WorkerId, Any] = {}
     result = replay(requests, fleet, policy, speedup=speedup, progress=False,
                     engine_factory=TracedEngine, engines_out=engines)  # fmt: skip

@@ -152,6 +152,8 @@ class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
     offset: int | None = None
     key: bytes | None = None
     payload: bytes = b""
+    # The original payload's size when ``payload`` holds only its first bytes.
+    payload_size: int | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

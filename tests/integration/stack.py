@@ -51,8 +51,8 @@ def start_stack(settings: Settings, tmp: Path, fleet: str = "small", time_scale:
         while not engines_file.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         stack.engines = tomllib.loads(engines_file.read_text())["engines"]
-        stack.procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines_file)), env,
-                                      tmp / "ingest.log")  # fmt: skip
+        ingest_cmd = foretoken_cmd("ingest", "-e", str(engines_file), "--port", str(free_port()))
+        stack.procs["ingest"] = spawn(ingest_cmd, env, tmp / "ingest.log")
         port = free_port()
         router_env = {**env, "FORETOKEN_ROUTE_URL": worker.url,
                       "FORETOKEN_ROUTE_TIMEOUT_S": str(route_timeout_s)}  # fmt: skip

@@ -41,8 +41,14 @@ def create_app(
         broker=f"kafka://{settings.kafka.bootstrap_servers}",
         store="memory://",
         topic_partitions=settings.layout.partitions,
+        # Faust's web_host only names the server in URLs it builds; web_bind is the address
+        # it listens on (0.0.0.0 by default): both are the one setting worker.web_host.
         web_host=settings.worker.web_host,
+        web_bind=settings.worker.web_host,
         web_port=settings.worker.web_port,
+        # aiohttp's own body limit (1 MiB by default): the route page's, so that a prompt of
+        # route.max_prompt_tokens always fits.
+        web_application_options={"client_max_size": settings.route.body_limit},
         datadir=str(settings.worker_data_path),
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
@@ -193,6 +199,12 @@ def run_worker(settings: Settings) -> None:
     from foretoken.adapters.kafka.readiness import StartupError, wait_for_topics
     from foretoken.adapters.kafka.topics import ensure_topics
 
+    if not settings.binds_loopback_only and not settings.route.token:
+        print(f"error: the processor would listen on {settings.worker.web_host}, which is not "
+              "loopback, and POST /v1/route changes its state: set route.token "
+              "(FORETOKEN_ROUTE_TOKEN), which the router sends, or bind 127.0.0.1",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     settings.worker_data_path.mkdir(parents=True, exist_ok=True)
     try:
         if settings.worker.create_topics:

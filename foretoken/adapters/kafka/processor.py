@@ -34,6 +34,7 @@ from foretoken.wire.records import (
     WorkerRegistration,
     as_record,
 )
+from foretoken.wire.route_rpc import RouteRequest
 
 
 class ProcessorState:
@@ -86,9 +87,9 @@ class ProcessorState:
         assert isinstance(record, Graded)
         self.core.on_graded(record, time.time())
 
-    def route(self, body: bytes) -> bytes:
+    def route(self, request: RouteRequest) -> bytes:
         """``POST /v1/route``: the decision, reflected at once in the queue model."""
-        return answer_route(self.core, self.registrations, body, time.time())
+        return answer_route(self.core, self.registrations, request, time.time())
 
     def expire(self) -> list[Graded]:
         return [as_record(Graded, g) for g in self.core.expire(time.time())]

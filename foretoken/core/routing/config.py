@@ -24,6 +24,10 @@ class PredictorConfig:
     default_output_tokens: int = 128
     # A request sent to a worker with no outcome for this long leaves its queue model.
     outstanding_max_age_s: float = 900.0
+    # A decision of this service whose grant has not come back on `grants` within this long
+    # leaves its queue model: nobody acted on it (the router publishes the grant of every
+    # request it sends, within milliseconds), e.g. a caller that only asked.
+    unconfirmed_decision_s: float = 10.0
     decision_memory: int = 100_000
     conversation_memory: int = 100_000
     # Seconds per token to bring an offloaded block back, per tier (configured, not learned).
@@ -46,8 +50,10 @@ class PredictorConfig:
             raise ValueError(f"explore_fraction must be within [0, 1], got {self.explore_fraction}")
         if not 0 < self.min_retry_after_s <= self.max_retry_after_s:
             raise ValueError("need 0 < min_retry_after_s <= max_retry_after_s")
-        if self.overload_wait_s <= 0 or self.outstanding_max_age_s <= 0:
-            raise ValueError("overload_wait_s and outstanding_max_age_s must be > 0")
+        if min(self.overload_wait_s, self.outstanding_max_age_s, self.unconfirmed_decision_s) <= 0:
+            raise ValueError(
+                "overload_wait_s, outstanding_max_age_s and unconfirmed_decision_s must be > 0"
+            )
         if self.default_output_tokens < 1 or self.learner_max_cached_share < 1:
             raise ValueError("default_output_tokens and learner_max_cached_share must be >= 1")
         if min(self.decision_memory, self.conversation_memory) < 1:

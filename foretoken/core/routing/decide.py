@@ -121,7 +121,28 @@ class Decider:
             ]  # fmt: skip
             if verified:
                 best = min(verified, key=lambda c: c.prediction.predicted_ttft_s)
+            elif controls.sheds(name, wid, now_s):
+                best = self._servable(query, name, best, candidates, now_s)
         return best, controls.sheds(name, best.prediction.worker_id, now_s)
+
+    def _servable(
+        self, query: RouteQuery, name: str, best: Candidate, candidates: list[Candidate],
+        now_s: float,
+    ) -> Candidate:  # fmt: skip
+        """When admission control sheds the class on the chosen worker and no verified
+        alternative exists, any worker that does not shed it, has room and meets the
+        request's own bound serves it rather than a 429: one worker's state (stuck
+        accounting included) never turns away traffic a healthy worker can take."""
+        assert self.controls is not None
+        wid = best.prediction.worker_id
+        able = [
+            c for c in candidates
+            if c.prediction.worker_id != wid
+            and not self.controls.sheds(name, c.prediction.worker_id, now_s)
+            and self.book.has_capacity(c.prediction.worker_id)
+            and self.admit(query, c)[0]
+        ]  # fmt: skip
+        return min(able, key=lambda c: c.prediction.predicted_ttft_s) if able else best
 
     # ------------------------------------------------------------------ admission
 

@@ -42,6 +42,7 @@ from foretoken.core.types import (
     RequestOutcome,
     RouteDecision,
     RouteQuery,
+    WorkerId,
     WorkerProfile,
 )
 
@@ -63,6 +64,9 @@ class RouteService:
         self.decider = Decider(self.config, controls, self.book, self.fits)
         self.learner = Learner(index, self.fits, self.book, self.config)
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
+        # Admitted decisions whose grant has not come back on `grants` yet: (worker, when).
+        self.unconfirmed: OrderedDict[RequestId, tuple[WorkerId, float]] = OrderedDict()
+        self.unconfirmed_expired = 0
 
     # ------------------------------------------------------------------ observations
 
@@ -73,6 +77,7 @@ class RouteService:
     def on_grant(self, grant: RouteDecision, now_s: float) -> None:
         """A decision made elsewhere (another replica, the router's fallback) or our own,
         arriving on ``grants``: put it in the queue model unless it is there already."""
+        self.unconfirmed.pop(grant.request_id, None)
         if self.controls is not None:
             self.controls.observe_grant(grant, now_s)
         if grant.admitted and grant.worker_id is not None:
@@ -93,7 +98,23 @@ class RouteService:
             self.controls.tick(now_s)
         for rid in self.book.expire(now_s, self.config.outstanding_max_age_s):
             self.learner.forget(rid)
+        self._expire_unconfirmed(now_s)
         self.index.age(now_s)
+
+    def _expire_unconfirmed(self, now_s: float) -> None:
+        """Decisions nobody acted on (their grant never came) leave the queue models: a
+        caller that only asks must not make idle workers look deep."""
+        horizon = self.config.unconfirmed_decision_s
+        while self.unconfirmed:
+            rid, (wid, decided_s) = next(iter(self.unconfirmed.items()))
+            if now_s - decided_s <= horizon:
+                return
+            del self.unconfirmed[rid]
+            queue = self.book.queues.get(wid)
+            if queue is not None and queue.finished(rid, now_s):
+                self.unconfirmed_expired += 1
+            self.book.alone.pop(rid, None)
+            self.learner.forget(rid)
 
     # ------------------------------------------------------------------ predictions
 
@@ -118,10 +139,13 @@ class RouteService:
         if not candidates:
             return self._remember(self._no_candidate(query, ts))
         result = self._decide(query, candidates, now_s, ts)
-        if self.controls is not None:
-            self.controls.observe_grant(result, now_s)
+        # The latency controls see the decision when its grant comes back on ``grants``
+        # (on_grant): only a request the router acted on reaches an engine.
         if result.admitted and result.worker_id is not None:
             self._apply(query, result, now_s)
+            self.unconfirmed[query.request_id] = (result.worker_id, now_s)
+            if len(self.unconfirmed) > self.config.decision_memory:
+                self.unconfirmed.popitem(last=False)
         return self._remember(result)
 
     def _decide(

@@ -17,6 +17,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -26,6 +27,7 @@ import numpy as np
 from multidict import CIMultiDictProxy
 
 from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.adapters.http.route_page import TOKEN_HEADER
 from foretoken.adapters.http.router.requests import RequestError
 from foretoken.core.routing.decide import decision
 from foretoken.core.routing.fallback import Load, least_outstanding
@@ -156,11 +158,16 @@ class Routing:
     # its own grant (``<id>~<n>``), and the time since the first try counts as waited.
     attempts: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
     fallbacks: dict[str, int] = field(default_factory=dict)
+    # Called with the reason of each fallback decision (the metric; a diff of ``fallbacks``
+    # around an await would count the concurrent requests' fallbacks too).
+    on_fallback: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.url = f"{self.settings.route_url}/v1/route"
         self.timeout = aiohttp.ClientTimeout(total=self.settings.router.route_timeout_s)
         self.headers = {"Content-Type": "application/msgpack"}
+        if self.settings.route.token:  # the route service's shared token (route.token)
+            self.headers[TOKEN_HEADER] = self.settings.route.token
         self.models = {e.model for e in self.engines.values()}
 
     async def start(self) -> None:
@@ -201,6 +208,8 @@ class Routing:
 
     def _fell_back(self, reason: str) -> None:
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+        if self.on_fallback is not None:
+            self.on_fallback(reason)
 
     async def decide(self, p: Placement) -> tuple[Grant, str | None]:
         if time.monotonic() < self.route_down_until:
@@ -231,17 +240,27 @@ class Routing:
         return self.fallback(p)
 
     def fallback(self, p: Placement) -> tuple[Grant, str | None]:
-        """Least outstanding prompt tokens among the model's workers; a 429 only when every
-        worker is past ``fallback_overload_tokens``."""
+        """Least outstanding prompt tokens among the model's workers that can hold the prompt
+        (KV capacity ``gpu_blocks × block_size`` and context ``max_model_len``, as
+        registered); a 400 when none can, a 429 only when every one is past
+        ``fallback_overload_tokens``."""
         cfg = self.settings.router
+        n = len(p.token_ids)
         candidates = [w for w, e in self.engines.items() if e.model == p.model]
+
+        def can_serve(w: str) -> bool:
+            return self.engines[w].fits_prompt(n)
+
         worker = least_outstanding(candidates, lambda w: self.outstanding.get(w, Load()),
+                                   can_serve=can_serve,
                                    overload_tokens=cfg.fallback_overload_tokens)  # fmt: skip
         query = p.query()
         if worker is None:
-            rejected = decision(query, time.time(), None, admitted=False,
-                                reason=RejectReason.OVERLOADED, fallback=True,
-                                retry_after_s=cfg.fallback_retry_after_s)  # fmt: skip
+            too_big = bool(candidates) and not any(map(can_serve, candidates))
+            reason = RejectReason.PROMPT_EXCEEDS_KV_CAPACITY if too_big else RejectReason.OVERLOADED
+            rejected = decision(query, time.time(), None, admitted=False, reason=reason,
+                                retry_after_s=None if too_big else cfg.fallback_retry_after_s,
+                                fallback=True)  # fmt: skip
             return as_record(Grant, rejected), None
         admitted = decision(query, time.time(), None, admitted=True, reason=None,
                             retry_after_s=None, fallback=True,
