@@ -55,7 +55,9 @@ def _add(p: dict[str, float], st: Any, j: int, over: float, chunk_s: Any) -> Non
         p["prefill_ahead"] += chunk_s(computed, computed + j * size)
 
 
-def predicted_parts(fut: Future, prompt_tokens: int, cached_tokens: int, now_s: float) -> dict:
+def predicted_parts(
+    fut: Future, prompt_tokens: int, cached_tokens: int, now_s: float, output_tokens: int = 1
+) -> dict:
     """:meth:`Future.first_token`'s walk, split into its parts (module doc)."""
     settings, cost = fut.settings, fut.cost
     first, prompt = prefill_span(prompt_tokens, cached_tokens)
@@ -69,9 +71,13 @@ def predicted_parts(fut: Future, prompt_tokens: int, cached_tokens: int, now_s: 
     p = dict(residual=max(fut.ready_s, now_s) - now_s, overhead=0.0, decode=0.0,
              prefill_ahead=0.0, steps=0.0)  # fmt: skip
     computed, admitted, done = first, False, False
+    kv = fut.kv  # the KV model: a head whose blocks do not fit waits (Future.first_token)
+    blocks = kv.blocks(prompt, first, output_tokens) if kv is not None else 0
+    kv_cap = kv.gpu_blocks if kv is not None else 0
     for st in fut.stretches:
         left = st.budget_left
-        if left <= 0 or (not admitted and (st.running >= max_seqs or st.waiting)):
+        blocked = st.running >= max_seqs or st.waiting or st.kv_used + blocks > kv_cap > 0
+        if left <= 0 or (not admitted and blocked):
             _add(p, st, st.steps, over, cost.chunk_s)
             continue
         if not chunked:
@@ -94,7 +100,7 @@ def predicted_parts(fut: Future, prompt_tokens: int, cached_tokens: int, now_s: 
         need = -(-(prompt - computed) // per)
         p["steps"] += need
         p["overhead"] += need * over
-    total = fut.first_token(NewRequest(prompt_tokens, cached_tokens), now_s).ttft_s
+    total = fut.first_token(NewRequest(prompt_tokens, cached_tokens, output_tokens), now_s).ttft_s
     p["own_walk"] = cost.chunk_s(first, prompt)
     p["walk_rest"] = total - p["own_walk"] - sum(p[k] for k in QUEUE_PARTS)
     return p
@@ -110,12 +116,12 @@ class Decomposer:
         preds = policy.core.service.predictions
         original = preds._one
 
-        def one(profile, hit, n, now_s):
-            cand = original(profile, hit, n, now_s)
+        def one(profile, hit, n, now_s, out):
+            cand = original(profile, hit, n, now_s, out)
             if self.current is not None:
                 wid = profile.worker_id
                 fut = preds.book.queues[wid]._estimate.future(now_s, step_cost(preds.fits, wid))
-                parts = predicted_parts(fut, n, cand.cached_tokens, now_s)
+                parts = predicted_parts(fut, n, cand.cached_tokens, now_s, out)
                 pred = cand.prediction
                 parts["own"] = preds.fits.curve(wid).own_prefill_s(n, cand.cached_tokens)
                 parts["load"] = pred.prefill_s - parts["own"]

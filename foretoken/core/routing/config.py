@@ -39,6 +39,15 @@ class PredictorConfig:
     # of the model's workers by id), so replicas deciding at once spread over near-ties
     # instead of herding onto one idle worker. 0 = off; a single replica never uses it.
     replica_tie_margin_s: float = 0.1
+    # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
+    model_kv_capacity: bool = True
+    # Decode samples less the prefill of prompts whose first token came during the
+    # request's decode window, dropped below this share of the raw TPOT.
+    decode_windows: bool = True
+    decode_min_share: float = 0.1
+    # Busy-period prefill samples from chains of consecutive first tokens, each cut once its
+    # prompts hold this many step budgets of new tokens (0: one sample per large prompt).
+    busy_chain_budgets: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:

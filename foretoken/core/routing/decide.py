@@ -126,11 +126,13 @@ class Decider:
                                         c.prediction.queue_tokens_ahead))  # fmt: skip
 
     def _learner(self, query: RouteQuery, candidates: list[Candidate]) -> Candidate | None:
-        """An idle worker still on the default curve takes the request (if it meets its
+        """An idle worker without a cold fit yet takes the request (if it meets its
         bound there): the default is deliberately pessimistic, so without this such a worker
         would never be chosen and never learn its curve (its first samples are cheap: it is
-        idle, and a prefill sample needs an idle worker). Not when most of the prompt is
-        cached somewhere: throwing a large hit away costs more than the sample is worth."""
+        idle, and a prefill sample needs an idle worker). A pooled or busy-chain curve is
+        only a bootstrap: the rule holds until the worker's own cold fit is ready. Not when
+        most of the prompt is cached somewhere: throwing a large hit away costs more than
+        the sample is worth."""
         n = query.prompt_length
         share = self.config.learner_max_cached_share
         if any(c.cached_tokens * share > n for c in candidates):
@@ -141,7 +143,7 @@ class Decider:
             candidates = sorted(candidates, key=lambda c: c.prediction.worker_id not in owned)
         for c in candidates:
             wid = c.prediction.worker_id
-            if self.fits.curve(wid).default and self.book.idle(wid) and self.meets(query, c):
+            if not self.fits.has_cold_fit(wid) and self.book.idle(wid) and self.meets(query, c):
                 return c
         return None
 

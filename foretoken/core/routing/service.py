@@ -59,7 +59,7 @@ class RouteService:
         self.controls = controls
         self.fits = fits or FitRegistry()
         self.config = config or PredictorConfig()
-        self.book = WorkerBook()
+        self.book = WorkerBook(model_kv_capacity=self.config.model_kv_capacity)
         self.predictions = Predictions(index, self.fits, self.book, self.config)
         self.decider = Decider(self.config, controls, self.book, self.fits)
         self.learner = Learner(index, self.fits, self.book, self.config)
@@ -145,9 +145,10 @@ class RouteService:
 
     def predict(
         self, model: ModelName, tokens: Sequence[int] | np.ndarray, now_s: float,
-        prompt_tokens: int | None = None,
+        prompt_tokens: int | None = None, output_tokens: int | None = None,
     ) -> list[Candidate]:  # fmt: skip
-        return self.predictions.candidates(model, tokens, now_s, prompt_tokens)
+        out = output_tokens or self.config.default_output_tokens
+        return self.predictions.candidates(model, tokens, now_s, prompt_tokens, out)
 
     # ------------------------------------------------------------------ decisions
 
@@ -158,7 +159,8 @@ class RouteService:
         if self.controls is not None:
             self.controls.tick(now_s)
             query = self._with_class_defaults(query)
-        candidates = self.predict(query.model, query.tokens, now_s, query.prompt_tokens)
+        candidates = self.predict(query.model, query.tokens, now_s, query.prompt_tokens,
+                                  query.expected_output_tokens)  # fmt: skip
         if not candidates:
             return self._remember(self._no_candidate(query, ts))
         result = self._decide(query, candidates, now_s, ts)

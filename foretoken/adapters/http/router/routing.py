@@ -227,6 +227,9 @@ class Routing:
                 body = await resp.read()
                 if resp.status == 200:
                     decided = _response.decode(body)
+                    if self._route_service_is_blind(decided.grant, p):
+                        self._fell_back("no_worker_at_route_service")
+                        return self.fallback(p)
                     return decided.grant, decided.http_url
                 if resp.status == 413:  # the route service's own body limit is lower
                     raise RequestError(
@@ -242,6 +245,13 @@ class Routing:
         self._fell_back(reason)
         self.route_down_until = time.monotonic() + self.settings.router.route_retry_after_failure_s
         return self.fallback(p)
+
+    def _route_service_is_blind(self, grant: Grant, p: Placement) -> bool:
+        """The route service knows no worker of a model the engines file serves: it is
+        restarting or catching up on ``workers``; the router's own policy can serve."""
+        return grant.reject_reason == RejectReason.NO_WORKER_FOR_MODEL and any(
+            e.model == p.model for e in self.engines.values()
+        )
 
     def fallback(self, p: Placement) -> tuple[Grant, str | None]:
         """Least outstanding prompt tokens among the model's workers that can hold the prompt
