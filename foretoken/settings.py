@@ -45,6 +45,8 @@ __all__ = [
     "load_settings_with_sources",
 ]
 GENERIC_ENV_PREFIX = "FORETOKEN__"
+# What a route call holds besides the packed prompt (ids, bound, class...), at most.
+ROUTE_ENVELOPE_BYTES = 64 * 1024
 
 
 class SettingsError(ValueError):
@@ -113,7 +115,27 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     # After a failed route call, use the fallback for this long before asking again.
     route_retry_after_failure_s: float = 0.5
     engine_timeout_s: float = 600.0
+    # Request bodies: the largest the router reads (413 past it; the route service takes the
+    # same limit), and how long one may take to arrive (408 after).
     max_body_bytes: int = 32 * 1024 * 1024
+    body_read_timeout_s: float = 30.0
+    # Prompts over this many tokens get a 400; 4 bytes a token in the route call, so it must
+    # fit router.max_body_bytes (checked). max_tokens / max_completion_tokens at most this.
+    max_prompt_tokens: int = 2 * 1024 * 1024
+    max_output_tokens: int = 1024 * 1024
+    # Bodies of at least this many bytes are decoded, and texts of at least this many
+    # characters tokenized, in a worker thread instead of on the event loop.
+    decode_off_loop_bytes: int = 1024 * 1024
+    tokenize_off_loop_chars: int = 32_768
+    # Request headers passed on to the engine (case-insensitive), e.g. add "x-api-key" or
+    # "openai-organization" for engines that check them.
+    forward_headers: tuple[str, ...] = ("authorization", "x-request-id", "traceparent")
+    # When set, /v1/* needs one of these keys (Authorization: Bearer KEY, or x-api-key: KEY);
+    # api_keys_file: one key per line (kept out of the settings file and the environment).
+    api_keys: tuple[str, ...] = ()
+    api_keys_file: str = ""
+    # Router processes on one port (SO_REUSEPORT); each has its own connections and buffer.
+    processes: int = 1
     min_queue_wait_s: float = 5.0
     max_queue_wait_s: float = 300.0
     # Grants/outcomes waiting for Kafka; past this, new ones are dropped and counted.
@@ -171,6 +193,15 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
                 f"router.min_queue_wait_s ({r.min_queue_wait_s}) must be > 0 and <= "
                 f"router.max_queue_wait_s ({r.max_queue_wait_s})"
             )
+        if 4 * r.max_prompt_tokens + ROUTE_ENVELOPE_BYTES > r.max_body_bytes:
+            raise ValueError(
+                f"router.max_prompt_tokens ({r.max_prompt_tokens}) packed at 4 bytes a token "
+                f"must fit router.max_body_bytes ({r.max_body_bytes}) with "
+                f"{ROUTE_ENVELOPE_BYTES} bytes to spare: the route call carries the prompt"
+            )
+        if r.processes < 1 or r.body_read_timeout_s <= 0 or r.max_output_tokens < 1:
+            raise ValueError("router.processes, router.body_read_timeout_s and "
+                             "router.max_output_tokens must be positive")  # fmt: skip
         if not 0 < w.heartbeat_interval_s < w.session_timeout_s:
             raise ValueError(
                 f"worker.heartbeat_interval_s ({w.heartbeat_interval_s}) must be > 0 and below "
@@ -238,6 +269,9 @@ ENV_VARS: dict[str, str] = {
     "FORETOKEN_ROUTER_PORT": "router.port",
     "FORETOKEN_ROUTE_URL": "router.route_url",
     "FORETOKEN_ROUTE_TIMEOUT_S": "router.route_timeout_s",
+    "FORETOKEN_ROUTER_PROCESSES": "router.processes",
+    "FORETOKEN_ROUTER_MAX_BODY_BYTES": "router.max_body_bytes",
+    "FORETOKEN_ROUTER_API_KEYS_FILE": "router.api_keys_file",
     "FORETOKEN_STATE_DIR": "state_dir",
     "FORETOKEN_CACHE_DIR": "cache_dir",
     "FORETOKEN_TRACES_DIR": "traces_dir",

@@ -194,7 +194,9 @@ def bench_ingest(entries: int) -> dict[str, object]:
     rss0 = _rss_bytes()
 
     def make(n_batches: int) -> list[tuple[str, int, list[tuple]]]:
-        return [(e.worker_id, e.seq, e.batch()) for _ in range(n_batches // workers) for e in engines]
+        return [
+            (e.worker_id, e.seq, e.batch()) for _ in range(n_batches // workers) for e in engines
+        ]
 
     def apply_all(batches, via=None) -> float:
         t0 = time.process_time()
@@ -235,14 +237,20 @@ def bench_ingest(entries: int) -> dict[str, object]:
         for e in evs:
             hashes = tuple(array.array("Q", e[1]).tolist())
             if e[0] == "stored":
-                out.append(BlockStored(block_hashes=hashes, parent_block_hash=e[2],
-                                       token_ids=tuple(array.array("I", e[3])), block_size=BLOCK))
+                out.append(
+                    BlockStored(
+                        block_hashes=hashes,
+                        parent_block_hash=e[2],
+                        token_ids=tuple(array.array("I", e[3])),
+                        block_size=BLOCK,
+                    )
+                )
             else:
                 out.append(BlockRemoved(block_hashes=hashes))
         structs.append(KvEventBatch(worker_id=wid, model=MODEL, seq=seq, ts=0.0, events=tuple(out)))
 
     def via_structs(_: object) -> None:
-        for b in structs:
+        for b in structs:  # noqa: F821 (called before the del below)
             index.apply(b, 1.0)
 
     structs_rate = _stored_in(batches) / apply_all(None, via_structs)
@@ -324,8 +332,12 @@ def bench_lookup(quick: bool) -> dict[str, object]:
         prompts = [docs[i % n_docs][: tokens * 4] for i in range(queries)]
         own = [{BLOCK: index.hash_prompt(MODEL, BLOCK, p)} for p in prompts]
         row = {
-            "from_packed_tokens": _latencies(lambda i: index.lookup(MODEL, prompts[i]), queries),
-            "from_own_hashes": _latencies(lambda i: index.lookup(MODEL, own_hashes=own[i]), queries),
+            "from_packed_tokens": _latencies(
+                lambda i, ps=prompts: index.lookup(MODEL, ps[i]), queries
+            ),
+            "from_own_hashes": _latencies(
+                lambda i, hs=own: index.lookup(MODEL, own_hashes=hs[i]), queries
+            ),
         }
         hits = index.lookup(MODEL, prompts[0])
         row["workers_with_a_hit"] = sum(1 for h in hits.values() if h[1])
@@ -375,7 +387,9 @@ def measure_memory(entries: int, sharing: int) -> dict[str, object]:
             tokens = b"".join([pool[rng.randrange(4096)] for _ in range(32)])
             for wid in group:
                 hashes = rng.randbytes(8 * 32)
-                index.apply_batch(wid, MODEL, 0, 0, [("stored", hashes, tails[wid], tokens, BLOCK)], 0.0)
+                index.apply_batch(
+                    wid, MODEL, 0, 0, [("stored", hashes, tails[wid], tokens, BLOCK)], 0.0
+                )
                 tails[wid] = int.from_bytes(hashes[-8:], "little")
                 done += 32
     elapsed = time.perf_counter() - t0
@@ -399,7 +413,9 @@ def measure_memory(entries: int, sharing: int) -> dict[str, object]:
 
 def bench_memory(entries: int) -> dict[str, object]:
     return {
-        f"each_block_on_{sharing}_workers": _in_subprocess("memory", entries=entries, sharing=sharing)
+        f"each_block_on_{sharing}_workers": _in_subprocess(
+            "memory", entries=entries, sharing=sharing
+        )
         for sharing in (1, 4)
     }
 

@@ -1,5 +1,6 @@
-"""The router benchmark's stack: the processor, a simulated fleet, ingest and the router as
-real processes on topics of their own, and their CPU accounting."""
+"""The router benchmark's stack: the processor, the engine stub (four fake engines in one
+process), ingest and the router as real processes on topics of their own, and their CPU
+accounting (a router with several processes counts all of them)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, w
 from foretoken.ops import kafka_local
 from foretoken.settings import Settings, load_settings
 
-FLEET = "small"
+STUB_ENGINES = 4
+STUB_MODEL = "stub-model"
 START_TIMEOUT_S = 120.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -60,7 +62,11 @@ class Stack:
     kafka_pid: int | None = None  # the project's local broker, when that is the one used
 
     def pids(self) -> dict[str, int]:
+        """Every process of the stack by name; a router's forked processes as router-1…"""
         out = {name: p.pid for name, p in self.procs.items() if p.poll() is None}
+        if "router" in out:
+            for i, child in enumerate(children(out["router"]), 1):
+                out[f"router-{i}"] = child
         if self.kafka_pid is not None:
             out["kafka"] = self.kafka_pid
         return {**out, "loadgen": os.getpid()}
@@ -77,7 +83,9 @@ class Stack:
         return "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in self.tmp.glob("*.log"))
 
 
-def start_stack(tmp: Path, time_scale: float, route_timeout_s: float) -> Stack:
+def start_stack(tmp: Path, route_timeout_s: float, router_processes: int = 1,
+                fleet: str | None = None) -> Stack:  # fmt: skip
+    """The stack on the engine stub, or with ``fleet`` (a fleet name) on simulated engines."""
     base = load_settings()
     started = False
     if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
@@ -97,17 +105,27 @@ def start_stack(tmp: Path, time_scale: float, route_timeout_s: float) -> Stack:
         stack.worker_url = f"http://127.0.0.1:{port}"
         wait_http(f"{stack.worker_url}/healthz", START_TIMEOUT_S, stack.procs["worker"])
         engines_file = tmp / "engines.toml"
-        stack.procs["fleet"] = spawn(foretoken_cmd(
-            "fleet", "run", FLEET, "--base-port", "0", "--kv-base-port", "0",
-            "--engines-out", str(engines_file), "--time-scale", str(time_scale),
-        ), env, tmp / "fleet.log")  # fmt: skip
-        _wait_for(engines_file.exists, stack.procs["fleet"], "the engines file")
+        if fleet is None:
+            ports = ",".join(str(free_port()) for _ in range(STUB_ENGINES))
+            stack.procs["stub"] = spawn(
+                [sys.executable, "-m", "foretoken.bench.engine_stub", "--ports", ports,
+                 "--model", STUB_MODEL, "--engines-out", str(engines_file)],
+                env, tmp / "stub.log",
+            )  # fmt: skip
+        else:
+            stack.procs["fleet"] = spawn(foretoken_cmd(
+                "fleet", "run", fleet, "--base-port", "0", "--kv-base-port", "0",
+                "--engines-out", str(engines_file),
+            ), env, tmp / "fleet.log")  # fmt: skip
+        engines_proc = stack.procs["stub" if fleet is None else "fleet"]
+        _wait_for(engines_file.exists, engines_proc, "the engines file")
         stack.engines = load_engines(engines_file)
         stack.procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines_file)), env,
                                       tmp / "ingest.log")  # fmt: skip
         router_port = free_port()
         router_env = {**env, "FORETOKEN_ROUTE_URL": stack.worker_url,
-                      "FORETOKEN_ROUTE_TIMEOUT_S": str(route_timeout_s)}  # fmt: skip
+                      "FORETOKEN_ROUTE_TIMEOUT_S": str(route_timeout_s),
+                      "FORETOKEN_ROUTER_PROCESSES": str(router_processes)}  # fmt: skip
         stack.procs["router"] = spawn(
             foretoken_cmd("router", "-e", str(engines_file), "--port", str(router_port)),
             router_env, tmp / "router.log",
@@ -122,6 +140,16 @@ def start_stack(tmp: Path, time_scale: float, route_timeout_s: float) -> Stack:
         print(stack.log_tails(), file=sys.stderr)
         stack.close()
         raise
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a router's forked processes)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+    return sorted(out)
 
 
 def _wait_for(ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -> None:

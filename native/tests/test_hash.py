@@ -69,7 +69,9 @@ def test_chain_equals_xxhash_for_random_inputs(
 def test_root_seed_and_extra_key_mix_equal_xxhash(
     salt: bytes, model: str, block_size: int, lora: str | None, key: str
 ) -> None:
-    assert fn.root_seed(salt, model, block_size, lora) == ref_root_seed(salt, model, block_size, lora)
+    assert fn.root_seed(salt, model, block_size, lora) == ref_root_seed(
+        salt, model, block_size, lora
+    )
     assert fn.extra_key_mix(key) == ref_extra_key_mix(key)
 
 

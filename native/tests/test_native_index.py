@@ -84,7 +84,8 @@ def fresh(*workers: str, **flags: object) -> fn.NativeIndex:
 
 
 def hit(index: fn.NativeIndex, worker: str, tokens: object, **kw: object) -> dict[str, object]:
-    return dict(zip(CACHE_HIT_FIELDS, index.lookup(M, tokens, **kw)[worker], strict=True))
+    values = index.lookup(M, tokens, **kw)[worker]
+    return dict(zip(CACHE_HIT_FIELDS, values, strict=True))
 
 
 def test_module_constants() -> None:
@@ -142,8 +143,8 @@ def test_tiers_eagle_clear_and_reset_through_the_binding() -> None:
     index.apply_batch("plain", M, 1, 0, [("cleared", "CPU")], 0.0)
     assert hit(index, "plain", packed(prompt))["tokens"] == 4
     index.apply_batch("plain", M, 2, 0, [("reset", "gap 3..9")], 0.0)
-    assert hit(index, "plain", packed(prompt)) == dict(zip(CACHE_HIT_FIELDS,
-                                                           (BS, 0, 0, 0, 0, 0, True)))  # fmt: skip
+    fields = (BS, 0, 0, 0, 0, 0, True)
+    assert hit(index, "plain", packed(prompt)) == dict(zip(CACHE_HIT_FIELDS, fields, strict=True))
     index.apply_batch("plain", M, 3, 0, [("cleared", None)], 0.0)
     assert hit(index, "plain", packed(prompt))["approximate"] is False
     assert index.totals["resets"] == 1 and index.totals["clears"] == 2
@@ -178,8 +179,8 @@ def test_stats_have_the_reference_keys() -> None:
     assert set(worker) == WORKER_KEYS
     assert worker["store_only"] and worker["last_seq"] == {1: 4}
     assert worker["blocks"] == {"GPU": 1, "CPU": 0, "DISK": 0, "SHARED": 0}
-    assert stats["spaces"] == [{"model": M, "block_size": BS, "workers": 1,
-                                "entries": {"GPU": 1, "CPU": 0, "DISK": 0, "SHARED": 0}}]  # fmt: skip
+    entries = {"GPU": 1, "CPU": 0, "DISK": 0, "SHARED": 0}
+    assert stats["spaces"] == [{"model": M, "block_size": BS, "workers": 1, "entries": entries}]
     assert tuple(stats["counters"]) == APPLY_STATS
     assert index.totals == stats["counters"]
     assert index.native_stats()["counters"] == {"recovered_parents": 0, "recovered_moves": 0}

@@ -71,6 +71,9 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
     # The engine reports usage.prompt_tokens_details.cached_tokens (and omits it on a miss).
     reports_cached_tokens: bool = True
     gpu_blocks: int | None = None
+    # False: the router sends this engine no x-request-id (llama-cpp-python's server answers
+    # 400, with an empty body, to any x-request-id that is not a UUID).
+    request_id_header: bool = True
     # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
     tokenizer: str | None = None
 

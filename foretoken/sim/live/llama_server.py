@@ -100,6 +100,7 @@ def engine_config(
         http_url=http_url,
         kv_events=False,
         reports_cached_tokens=False,
+        request_id_header=False,  # its server refuses ids that are not UUIDs
         tokenizer=tokenizer,
         gpu_blocks=n_ctx // BLOCK_SIZE,  # its KV cache holds n_ctx tokens
         scheduler=SchedulerSettings(

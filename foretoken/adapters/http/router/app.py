@@ -1,55 +1,71 @@
-"""The thin OpenAI-compatible router: ``foretoken router``.
+"""The thin router in front of the engines: ``foretoken router``.
 
-Per request: validate, tokenize, ask the route service (``POST /v1/route`` on the Faust
-worker) — or, when it is slow or down, decide alone with the fallback policy — then either
-answer 429 at once with ``Retry-After``/``retry-after-ms``, or forward to the chosen engine
-and stream its answer back. The router always streams from the engine (adding
-``include_usage``) so that it measures the time to the first content token even when the
-client asked for one JSON answer. Grants and outcomes go to Kafka through a bounded buffer,
-never on the request path.
+OpenAI (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models[/{id}]``) and Anthropic
+(``/v1/messages``, ``/v1/messages/count_tokens``) surfaces; ``/health``, ``/healthz``,
+``/metrics``. Per request: read the body (size limit, read timeout), decode it once into
+typed structs (``requests.py``, ``anthropic.py``; big bodies in a thread), tokenize (long
+texts in a thread), ask the route service (``routing.py``) — or, when it is slow or down,
+decide alone — then either answer 429 at once (``errors.py``) or forward to the chosen engine
+and relay its answer (``proxy.py``). Grants and outcomes go to Kafka through a bounded
+buffer, never on the request path. uvloop; several processes on one port when
+``router.processes`` > 1 (SO_REUSEPORT).
 
 aiohttp rather than FastAPI: the router is a byte-level streaming proxy; aiohttp gives the
-client session and the server in one small dependency that the worker (Faust) already uses.
+client session and the server in one small dependency that the processor (Faust) already uses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import hmac
 import logging
-import math
+import os
+import signal
 import time
-import uuid
-from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
+import numpy as np
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.adapters.http.router import anthropic, errors
+from foretoken.adapters.http.router.proxy import (
+    ClientGone,
+    Collected,
+    Measured,
+    OpenAIStream,
+    Relay,
+    forward,
+)
 from foretoken.adapters.http.router.publisher import Publisher
+from foretoken.adapters.http.router.requests import RequestError, decode_openai
+from foretoken.adapters.http.router.routing import Placement, Routing, options
 from foretoken.adapters.http.tokenizers import Tokenizers
-from foretoken.core.routing.decide import decision
-from foretoken.core.routing.fallback import Load, least_outstanding
-from foretoken.core.tokenizer import chat_to_text
-from foretoken.core.types import ModelName, RejectReason, RequestId, RouteQuery, WorkerId
+from foretoken.core.types import ModelName, RejectReason, WorkerId
 from foretoken.settings import Settings
-from foretoken.wire.records import Grant, Outcome, as_record
-from foretoken.wire.route_rpc import RouteRequest, RouteResponse, pack_token_ids
+from foretoken.wire.records import Grant, Outcome
 
 log = logging.getLogger(__name__)
 STATE: web.AppKey[RouterState] = web.AppKey("state")
-NO_RETRY_AFTER_S = 300.0
-ATTEMPT_MEMORY = 100_000
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+OUTCOMES = ("ok", "error", "cancelled", "rejected", "too_large", "bad_request")
 
 
-class BadRequest(ValueError):
-    pass
+class EventStream(web.StreamResponse):
+    """A streamed answer whose headers go out with its first bytes (one write, not two)."""
+
+    _send_headers_immediately = False
+
+
+_encoder = msgspec.json.Encoder()
 
 
 class RouterMetrics:
@@ -58,6 +74,7 @@ class RouterMetrics:
         self.requests = Counter(
             "foretoken_router_requests", "Requests by outcome.", ["outcome"], registry=self.registry
         )
+        self.outcome = {name: self.requests.labels(name) for name in OUTCOMES}
         self.fallbacks = Counter(
             "foretoken_router_fallbacks", "Decisions made without the route service.",
             ["reason"], registry=self.registry,
@@ -68,6 +85,14 @@ class RouterMetrics:
         )  # fmt: skip
 
 
+def _api_keys(settings: Settings) -> tuple[bytes, ...]:
+    keys = list(settings.router.api_keys)
+    if settings.router.api_keys_file:
+        text = Path(settings.router.api_keys_file).expanduser().read_text()
+        keys += [line.strip() for line in text.splitlines() if line.strip()]
+    return tuple(k.encode() for k in keys)
+
+
 @dataclass
 class RouterState:
     settings: Settings
@@ -75,285 +100,134 @@ class RouterState:
     publisher: Publisher
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
     tokenizers: Tokenizers = field(default_factory=Tokenizers)
-    # Prompt tokens and requests sent to each engine and not yet answered (the fallback).
-    outstanding: dict[str, Load] = field(default_factory=dict)
-    session: aiohttp.ClientSession | None = None
-    # After a route-service failure, decide alone until then (monotonic s): a circuit breaker
-    # so that an overloaded route service is not asked again and again at full timeout.
-    route_down_until: float = 0.0
-    # Client request ids answered 429: (first seen, attempts). A retry is a new attempt with
-    # its own grant (``<id>~<n>``), and the time since the first try counts as waited.
-    attempts: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
+    engine_session: aiohttp.ClientSession | None = None
 
-    def attempt(self, client_id: str | None, waited_s: float) -> tuple[str, float]:
-        if client_id is None:
-            return uuid.uuid4().hex, waited_s
-        seen = self.attempts.get(client_id)
-        if seen is None:
-            return client_id, waited_s
-        first, n = seen
-        self.attempts[client_id] = (first, n + 1)
-        return f"{client_id}~{n + 1}", max(waited_s, time.monotonic() - first)
+    def __post_init__(self) -> None:
+        cfg = self.settings.router
+        self.routing = Routing(self.settings, self.engines)
+        self.models = sorted({e.model for e in self.engines.values()})
+        self.keys = _api_keys(self.settings)
+        self.forward_headers = tuple(h.lower() for h in cfg.forward_headers)
+        self.engine_timeout = aiohttp.ClientTimeout(total=cfg.engine_timeout_s)
 
-    def rejected(self, client_id: str | None) -> None:
-        if client_id is None or client_id in self.attempts:
-            return
-        self.attempts[client_id] = (time.monotonic(), 1)
-        if len(self.attempts) > ATTEMPT_MEMORY:
-            self.attempts.popitem(last=False)
+    def authorized(self, request: web.Request) -> bool:
+        if not self.keys:
+            return True
+        given = request.headers.get("x-api-key") or ""
+        auth = request.headers.get("authorization") or ""
+        if auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        offered = given.encode()
+        return any(hmac.compare_digest(offered, key) for key in self.keys)
 
-    def load_of(self, worker: str) -> Load:
-        return self.outstanding.get(worker, Load())
-
-    def sent(self, worker: str, prompt_tokens: int) -> None:
-        """A request sent to ``worker`` (a negative count: it was answered)."""
-        load = self.load_of(worker)
-        requests = load.requests + (1 if prompt_tokens >= 0 else -1)
-        self.outstanding[worker] = Load(max(0, load.prompt_tokens + prompt_tokens),
-                                        max(0, requests))  # fmt: skip
-
-    def models(self) -> set[str]:
-        return {e.model for e in self.engines.values()}
+    def upstream_headers(self, request: web.Request, request_id: str,
+                         engine: EngineConfig | None = None) -> dict[str, str]:  # fmt: skip
+        out = {"Content-Type": "application/json"}
+        for name in self.forward_headers:
+            value = request.headers.get(name)
+            if value is not None:
+                out[name] = value
+        out.setdefault("x-request-id", request_id)
+        if engine is not None and not engine.request_id_header:
+            for name in [k for k in out if k.lower() == "x-request-id"]:
+                del out[name]
+        return out
 
 
-# ---------------------------------------------------------------------- request parsing
+# ---------------------------------------------------------------------- the request path
 
 
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    request_id: RequestId
-    client_id: str | None
-    model: ModelName
-    body: dict[str, Any]
-    token_ids: list[int]
-    stream: bool
-    chat: bool
-    max_queue_wait_s: float | None
-    already_waited_s: float
-    workload_class: str
-    prefer_cache_hit: bool
-    conversation_id: str | None
-
-    @property
-    def expected_output_tokens(self) -> int | None:
-        value = self.body.get("max_tokens") or self.body.get("max_completion_tokens")
-        return int(value) if isinstance(value, int) and value > 0 else None
-
-    def query(self) -> RouteQuery:
-        """The core's view of the request (for decisions the router makes itself)."""
-        return RouteQuery(
-            request_id=self.request_id, model=self.model, tokens=self.token_ids,
-            prompt_tokens=len(self.token_ids), max_queue_wait_s=self.max_queue_wait_s,
-            already_waited_s=self.already_waited_s, workload_class=self.workload_class,
-            prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
-            expected_output_tokens=self.expected_output_tokens,
-        )  # fmt: skip
-
-
-def _float_or_none(value: Any, name: str) -> float | None:
-    if value is None or value == "":
-        return None
+async def read_body(request: web.Request, settings: Settings) -> bytes:
+    cfg = settings.router
+    if request.content_length is not None and request.content_length > cfg.max_body_bytes:
+        raise RequestError(f"the body ({request.content_length} bytes) is over the limit of "
+                           f"{cfg.max_body_bytes} (router.max_body_bytes)", status=413)  # fmt: skip
+    if request.content.is_eof():  # all of it came with the head: nothing to wait for
+        return await request.read()
     try:
-        out = float(value)
-    except (TypeError, ValueError) as exc:
-        raise BadRequest(f"{name} must be a number") from exc
-    if not math.isfinite(out):
-        raise BadRequest(f"{name} must be finite")
-    return out
+        async with asyncio.timeout(cfg.body_read_timeout_s):
+            return await request.read()
+    except TimeoutError as exc:
+        message = f"the body did not arrive within {cfg.body_read_timeout_s:g} s"
+        raise RequestError(f"{message} (router.body_read_timeout_s)", status=408,
+                           kind="timeout") from exc  # fmt: skip
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise RequestError(f"the body is over the limit of {cfg.max_body_bytes} bytes "
+                           "(router.max_body_bytes)", status=413) from exc  # fmt: skip
 
 
-def parse(state: RouterState, request: web.Request, raw: bytes, chat: bool) -> Parsed:
-    try:
-        body = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc.msg}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    model = body.get("model")
-    if model not in state.models():
-        raise BadRequest(f"unknown model {model!r}; served: {sorted(state.models())}")
-    cfg = state.settings.router
-    klass = body.pop("workload_class", None) or request.headers.get("x-workload-class")
-    classes = state.settings.controls.classes
-    if klass is not None and str(klass) not in classes:
-        raise BadRequest(f"unknown workload class {klass!r}; configured: {sorted(classes)}")
-    class_name, workload = state.settings.controls.workload_class(klass and str(klass))
-    bound = _float_or_none(
-        body.pop("max_queue_wait_s", None) or request.headers.get("x-max-queue-wait-s"),
-        "max_queue_wait_s",
-    )
-    if bound is not None and not cfg.min_queue_wait_s <= bound <= cfg.max_queue_wait_s:
-        raise BadRequest(
-            f"max_queue_wait_s must be within {cfg.min_queue_wait_s}–{cfg.max_queue_wait_s} s"
-        )
-    if bound is None and workload.max_queue_wait_s is not None:
-        # the class's default bound, kept within the range a client may ask for: a request
-        # that names no bound is never refused for one it did not send
-        default = workload.max_queue_wait_s
-        bound = min(max(default, cfg.min_queue_wait_s), cfg.max_queue_wait_s)
-    waited = _float_or_none(
-        body.pop("already_waited_s", None) or request.headers.get("x-already-waited-s"),
-        "already_waited_s",
-    )
-    prefer = body.pop("prefer_cache_hit", None)
-    if prefer is None:
-        prefer = request.headers.get("x-prefer-cache-hit", "").lower() in ("1", "true", "yes")
-    conversation = body.pop("conversation_id", None) or request.headers.get("x-conversation-id")
-    client_id = request.headers.get("x-request-id")
-    request_id, waited_s = state.attempt(client_id, max(0.0, waited or 0.0))
-    return Parsed(
-        request_id=RequestId(request_id),
-        client_id=client_id,
-        model=ModelName(model),
-        body=body,
-        token_ids=_tokens(state, body, chat),
-        stream=bool(body.get("stream")),
-        chat=chat,
-        max_queue_wait_s=bound,
-        already_waited_s=waited_s,
-        workload_class=class_name,
-        prefer_cache_hit=bool(prefer),
-        conversation_id=str(conversation) if conversation else None,
-    )
+async def off_loop(state: RouterState, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+    if size >= state.settings.router.decode_off_loop_bytes:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
-def _tokens(state: RouterState, body: dict[str, Any], chat: bool) -> list[int]:
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list")
-        return state.tokenizers.for_model(body["model"]).encode(chat_to_text(messages))
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        if not all(0 <= t < 1 << 32 for t in prompt):
-            raise BadRequest("token ids must be integers in [0, 2**32)")
-        return list(prompt)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        return state.tokenizers.for_model(body["model"]).encode(prompt)
-    raise BadRequest("prompt must be a non-empty string or a list of token ids")
+async def tokens_of(state: RouterState, model: str, text: str | None,
+                    ids: np.ndarray | None, param: str) -> np.ndarray:  # fmt: skip
+    limit = state.settings.router.max_prompt_tokens
+    tokens = ids if ids is not None else await state.tokenizers.encode(model, text or "", limit)
+    if len(tokens) == 0:
+        raise RequestError(f"{param} has no tokens (empty or whitespace only)", param=param)
+    if len(tokens) > limit:
+        raise RequestError(f"the prompt has more than {limit} tokens, more than this router "
+                           "takes (router.max_prompt_tokens)", param=param,
+                           code="context_length_exceeded")  # fmt: skip
+    return tokens
 
 
-# ---------------------------------------------------------------------- errors
+def check_model(state: RouterState, model: str) -> None:
+    if model not in state.models:
+        raise RequestError(f"unknown model {model!r}; served: {state.models}", status=404,
+                           param="model", code="model_not_found",
+                           kind="not_found_error")  # fmt: skip
 
 
-def error_response(status: int, message: str, kind: str, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
-    """An error body the official openai client parses (``error.type/code/message``)."""
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-def too_many(grant: Grant) -> web.Response:
-    """429 with Retry-After; when waiting cannot help (no ``retry_after_s`` in the grant),
-    ``x-should-retry: false`` tells the openai and anthropic clients not to retry."""
-    never = grant.retry_after_s is None
-    retry_s = max(grant.retry_after_s or NO_RETRY_AFTER_S, 0.001)
-    headers = {
-        "Retry-After": str(max(1, math.ceil(retry_s))),
-        "retry-after-ms": str(max(1, round(retry_s * 1000))),
-    }
-    if never:
-        headers["x-should-retry"] = "false"
-    message = (
-        f"request {grant.request_id} cannot meet its time-to-first-token bound "
-        f"({grant.reject_reason}); retry after {retry_s:.2f} s"
-    )
-    return error_response(429, message, "rate_limit_exceeded", "ttft_bound_exceeded", headers)
-
-
-# ---------------------------------------------------------------------- routing
-
-
-async def decide(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
-    route = RouteRequest(
-        request_id=p.request_id, model=p.model, packed_token_ids=pack_token_ids(p.token_ids),
-        prompt_tokens=len(p.token_ids), max_queue_wait_s=p.max_queue_wait_s,
-        already_waited_s=p.already_waited_s, workload_class=p.workload_class,
-        prefer_cache_hit=p.prefer_cache_hit, conversation_id=p.conversation_id,
-        expected_output_tokens=p.expected_output_tokens,
+async def place(state: RouterState, request: web.Request, body: Any, tokens: np.ndarray,
+                expected_output: int | None) -> Placement:  # fmt: skip
+    opts = options(state.settings, body, request.headers)
+    request_id, waited = state.routing.attempt(opts.client_id, opts.already_waited_s)
+    return Placement(
+        request_id=request_id, client_id=opts.client_id, model=ModelName(body.model),
+        token_ids=tokens, max_queue_wait_s=opts.max_queue_wait_s, already_waited_s=waited,
+        workload_class=opts.workload_class, prefer_cache_hit=opts.prefer_cache_hit,
+        conversation_id=opts.conversation_id, expected_output_tokens=expected_output,
     )  # fmt: skip
-    assert state.session is not None
-    cfg = state.settings.router
-    if time.monotonic() < state.route_down_until:
-        state.metrics.fallbacks.labels("circuit_open").inc()
-        return fallback(state, p)
-    reason = "error"
-    try:
-        async with state.session.post(
-            f"{state.settings.route_url}/v1/route",
-            data=msgspec.msgpack.encode(route),
-            headers={"Content-Type": "application/msgpack"},
-            timeout=aiohttp.ClientTimeout(total=cfg.route_timeout_s),
-        ) as resp:
-            if resp.status == 200:
-                decided = msgspec.json.decode(await resp.read(), type=RouteResponse)
-                return decided.grant, decided.http_url
-            reason = f"http_{resp.status}"
-    except TimeoutError:
-        reason = "timeout"
-    except (aiohttp.ClientError, msgspec.DecodeError, msgspec.ValidationError):
-        reason = "unavailable"
-    state.metrics.fallbacks.labels(reason).inc()
-    state.route_down_until = time.monotonic() + cfg.route_retry_after_failure_s
-    return fallback(state, p)
 
 
-def fallback(state: RouterState, p: Parsed) -> tuple[Grant, str | None]:
-    """Least outstanding prompt tokens among the model's workers (the documented policy,
-    :func:`foretoken.core.routing.fallback.least_outstanding`); a 429 only when every
-    worker is past ``fallback_overload_tokens``."""
-    cfg = state.settings.router
-    candidates = [w for w, e in state.engines.items() if e.model == p.model]
-    worker = least_outstanding(candidates, state.load_of,
-                               overload_tokens=cfg.fallback_overload_tokens)  # fmt: skip
-    query = p.query()
-    if worker is None:
-        rejected = decision(query, time.time(), None, admitted=False,
-                            reason=RejectReason.OVERLOADED,
-                            retry_after_s=cfg.fallback_retry_after_s, fallback=True)  # fmt: skip
-        return as_record(Grant, rejected), None
-    admitted = decision(query, time.time(), None, admitted=True, reason=None,
-                        retry_after_s=None, fallback=True, worker_id=WorkerId(worker))  # fmt: skip
-    return as_record(Grant, admitted), state.engines[worker].http_url
-
-
-# ---------------------------------------------------------------------- handlers
-
-
-async def complete(request: web.Request, chat: bool) -> web.StreamResponse:
-    state = request.app[STATE]
-    arrived = time.monotonic()
-    raw = await request.read()
-    try:
-        p = parse(state, request, raw, chat)
-    except BadRequest as exc:
-        state.metrics.requests.labels("bad_request").inc()
-        return error_response(400, str(exc), "invalid_request_error")
-    grant, url = await decide(state, p)
+async def route(state: RouterState, p: Placement, anthropic_shape: bool
+                ) -> tuple[Grant, str] | web.Response:  # fmt: skip
+    """The grant and the engine's URL, or the answer that turns the request away."""
+    before = dict(state.routing.fallbacks)
+    grant, url = await state.routing.decide(p)
+    for reason, n in state.routing.fallbacks.items():
+        if n != before.get(reason, 0):
+            state.metrics.fallbacks.labels(reason).inc()
     state.publisher.put("grants", grant)
-    if grant.reject_reason == "prompt_exceeds_kv_capacity":
-        state.metrics.requests.labels("too_large").inc()
-        return error_response(400, f"the prompt ({len(p.token_ids)} tokens) exceeds the KV "
-                              "capacity of every worker of this model",
-                              "invalid_request_error", "context_length_exceeded")  # fmt: skip
+    if grant.reject_reason == RejectReason.PROMPT_EXCEEDS_KV_CAPACITY:
+        state.metrics.outcome["too_large"].inc()
+        return errors.error(anthropic_shape, 400,
+                            f"the prompt ({len(p.token_ids)} tokens) exceeds the KV capacity of "
+                            "every worker of this model", code="context_length_exceeded",
+                            request_id=p.request_id)  # fmt: skip
     if not grant.admitted or url is None or grant.worker_id is None:
-        state.metrics.requests.labels("rejected").inc()
-        state.rejected(p.client_id)
-        return too_many(grant)
-    if p.client_id is not None:
-        state.attempts.pop(p.client_id, None)
+        state.metrics.outcome["rejected"].inc()
+        state.routing.rejected(p.client_id)
+        return errors.rejection(grant, anthropic_shape)
+    state.routing.admitted(p.client_id)
+    return grant, url
+
+
+async def relay_to_engine(
+    state: RouterState, request: web.Request, p: Placement, grant: Grant, url: str,
+    body: bytes, relay: Relay, arrived: float,
+) -> Measured | None:  # fmt: skip
+    """Forward, relay, publish the outcomes; None when the client went away."""
     worker = grant.worker_id
+    assert worker is not None
     engine = state.engines.get(worker)
-    path = "/v1/chat/completions" if chat else "/v1/completions"
-    state.sent(worker, len(p.token_ids))
+    n = len(p.token_ids)
+    state.routing.sent(worker, n)
     state.metrics.added.observe(time.monotonic() - arrived)
-    client: web.StreamResponse | None = None
-    if p.stream:
-        client = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                             "x-request-id": p.request_id})  # fmt: skip
-        await client.prepare(request)
 
     def first_token(at: float) -> None:
         state.publisher.put("outcomes", Outcome(
@@ -361,49 +235,39 @@ async def complete(request: web.Request, chat: bool) -> web.StreamResponse:
             actual_ttft_s=at - arrived + p.already_waited_s,
         ))  # fmt: skip
 
-    status, error = "ok", None
+    assert state.engine_session is not None
     try:
-        from foretoken.adapters.http.router.proxy import assembled, forward
-
-        measured = await forward(state.session, url + path, p.body, client, first_token,  # type: ignore[arg-type]
-                                 state.settings.router.engine_timeout_s)  # fmt: skip
-        if measured.status != "ok":
-            status, error = "error", measured.error
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        measured, status, error = None, "error", f"engine unreachable: {exc}"
-    except (ConnectionResetError, asyncio.CancelledError):
-        measured, status, error = None, "cancelled", "client went away"
-        _complete_outcome(state, p, worker, engine, arrived, None, status, error)
+        measured = await forward(state.engine_session, url, body,
+                                 state.upstream_headers(request, p.request_id, engine), relay,
+                                 first_token, state.engine_timeout)  # fmt: skip
+    except ClientGone:
+        publish_completion(state, p, worker, engine, arrived, None, "cancelled", "client went away")
+        state.metrics.outcome["cancelled"].inc()
+        return None
+    except asyncio.CancelledError:
+        publish_completion(state, p, worker, engine, arrived, None, "cancelled", "client went away")
+        state.metrics.outcome["cancelled"].inc()
         raise
     finally:
-        state.sent(worker, -len(p.token_ids))
-    _complete_outcome(state, p, worker, engine, arrived, measured, status, error)
-    state.metrics.requests.labels(status).inc()
-    if client is not None:
-        with contextlib.suppress(ConnectionResetError):  # the client left after [DONE]
-            await client.write_eof()
-        return client
-    if measured is None or status != "ok":
-        code = measured.engine_status if measured is not None else 502
-        return error_response(code if code >= 400 else 502, error or "engine error", "api_error")
-    return web.json_response(assembled(measured, p.model, p.request_id, chat),
-                             headers={"x-request-id": p.request_id})  # fmt: skip
+        state.routing.sent(worker, -n)
+    publish_completion(state, p, worker, engine, arrived, measured, measured.status,
+                       measured.error)  # fmt: skip
+    state.metrics.outcome[measured.status].inc()
+    return measured
 
 
-def _complete_outcome(
-    state: RouterState, p: Parsed, worker: WorkerId, engine: EngineConfig | None,
-    arrived: float, measured: Any, status: str, error: str | None,
+def publish_completion(
+    state: RouterState, p: Placement, worker: WorkerId, engine: EngineConfig | None,
+    arrived: float, m: Measured | None, status: str, error: str | None,
 ) -> None:  # fmt: skip
-    cached: int | None = None
-    ttft: float | None = None
-    out_tokens = None
-    if measured is not None:
-        cached = measured.cached_tokens
-        if cached is None and engine is not None and engine.reports_cached_tokens:
+    cached = ttft = out_tokens = None
+    if m is not None:
+        cached = m.cached_tokens
+        if cached is None and m.usage_seen and engine is not None and engine.reports_cached_tokens:
             cached = 0  # the field is omitted on a miss
-        if measured.first_token_s is not None:
-            ttft = measured.first_token_s - arrived + p.already_waited_s
-        out_tokens = measured.output_tokens
+        if m.first_token_s is not None:
+            ttft = m.first_token_s - arrived + p.already_waited_s
+        out_tokens = m.output_tokens
     state.publisher.put("outcomes", Outcome(
         request_id=p.request_id, ts=time.time(), kind="completion", worker_id=worker,
         status=status, actual_ttft_s=ttft, engine_cached_tokens=cached,  # type: ignore[arg-type]
@@ -411,24 +275,173 @@ def _complete_outcome(
     ))  # fmt: skip
 
 
+def engine_refusal(m: Measured, anthropic_shape: bool, request_id: str) -> web.Response:
+    """The engine refused before streaming: its status (a 5xx becomes 502) and message."""
+    status = m.engine_status if 400 <= m.engine_status < 500 else 502
+    if not anthropic_shape and 400 <= m.engine_status < 500 and b'"error"' in m.engine_body:
+        return web.Response(body=m.engine_body, status=status, content_type="application/json",
+                            headers={"x-request-id": request_id})  # fmt: skip
+    message = m.error or f"engine answered {m.engine_status}"
+    if status == 502:
+        message = f"engine answered {m.engine_status}: {message}"
+    return errors.error(anthropic_shape, status, message, kind="api_error" if status == 502
+                        else "invalid_request_error", request_id=request_id)  # fmt: skip
+
+
+def refused(state: RouterState, exc: RequestError, anthropic_shape: bool) -> web.Response:
+    state.metrics.outcome["bad_request"].inc()
+    resp = errors.error(anthropic_shape, exc.status, exc.message, kind=exc.kind, code=exc.code,
+                        param=exc.param)  # fmt: skip
+    if exc.status in (408, 413):
+        resp.force_close()  # the rest of the body is never read
+    return resp
+
+
+def unauthorized(anthropic_shape: bool) -> web.Response:
+    return errors.error(anthropic_shape, 401, "a valid API key is required (Authorization: "
+                        "Bearer KEY or x-api-key)", kind="authentication_error",
+                        code="invalid_api_key")  # fmt: skip
+
+
+# ---------------------------------------------------------------------- handlers
+
+
+async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    arrived = time.monotonic()
+    if not state.authorized(request):
+        return unauthorized(False)
+    try:
+        raw = await read_body(request, state.settings)
+        d = await off_loop(state, len(raw), decode_openai, raw, chat,
+                           state.settings.router.max_output_tokens)  # fmt: skip
+        check_model(state, d.body.model)
+        tokens = await tokens_of(state, d.body.model, d.text, d.token_ids,
+                                 "messages" if chat else "prompt")  # fmt: skip
+        p = await place(state, request, d.body, tokens, d.max_output_tokens)
+    except RequestError as exc:
+        return refused(state, exc, False)
+    routed = await route(state, p, False)
+    if isinstance(routed, web.Response):
+        return routed
+    grant, url = routed
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    response = EventStream(headers={**SSE_HEADERS, "x-request-id": p.request_id})
+    relay: OpenAIStream | Collected = (
+        OpenAIStream(request, response, chat, d.wants_usage) if d.body.stream else Collected(chat)
+    )
+    m = await relay_to_engine(state, request, p, grant, url + path, d.upstream, relay, arrived)
+    if m is None:  # the client went away mid-stream
+        return response
+    if m.engine_status != 200:
+        return engine_refusal(m, False, p.request_id)
+    if isinstance(relay, OpenAIStream):
+        return response
+    if m.status != "ok" or relay.error is not None:
+        return errors.openai_error(502, relay.error or m.error or "engine error", "api_error")
+    return web.Response(body=_encoder.encode(relay.answer(p.model, p.request_id)),
+                        content_type="application/json",
+                        headers={"x-request-id": p.request_id})  # fmt: skip
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await complete(request, chat=False)
+    return await openai_request(request, chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await complete(request, chat=True)
+    return await openai_request(request, chat=True)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    arrived = time.monotonic()
+    if not state.authorized(request):
+        return unauthorized(True)
+    try:
+        raw = await read_body(request, state.settings)
+        body, text, upstream = await off_loop(state, len(raw), anthropic.decode_messages, raw)
+        check_model(state, body.model)
+        limit = state.settings.router.max_output_tokens
+        if body.max_tokens > limit:
+            raise RequestError(f"max_tokens must be at most {limit} (router.max_output_tokens)",
+                               param="max_tokens")  # fmt: skip
+        tokens = await tokens_of(state, body.model, text, None, "messages")
+        p = await place(state, request, body, tokens, body.max_tokens)
+    except RequestError as exc:
+        return refused(state, exc, True)
+    routed = await route(state, p, True)
+    if isinstance(routed, web.Response):
+        return routed
+    grant, url = routed
+    response = (EventStream(headers={**SSE_HEADERS, "request-id": p.request_id})
+                if body.stream else None)  # fmt: skip
+    relay = anthropic.AnthropicRelay(request, response, f"msg_{p.request_id}", body.model,
+                                     len(tokens))  # fmt: skip
+    m = await relay_to_engine(state, request, p, grant, url + "/v1/chat/completions", upstream,
+                              relay, arrived)  # fmt: skip
+    if m is None:  # the client went away mid-stream
+        return response or web.Response(status=499)
+    if m.engine_status != 200:
+        return engine_refusal(m, True, p.request_id)
+    if response is not None:
+        await relay.finish(m)
+        return response
+    if m.status != "ok":
+        return errors.anthropic_error(502, m.error or "engine error", p.request_id)
+    return web.Response(body=_encoder.encode(relay.answer(m)), content_type="application/json",
+                        headers={"request-id": p.request_id})  # fmt: skip
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.authorized(request):
+        return unauthorized(True)
+    try:
+        raw = await read_body(request, state.settings)
+        body, text = await off_loop(state, len(raw), anthropic.decode_count_tokens, raw)
+        check_model(state, body.model)
+        tokens = await state.tokenizers.encode(body.model, text)
+    except RequestError as exc:
+        return refused(state, exc, True)
+    return web.json_response({"input_tokens": len(tokens)})
+
+
+def _model(model_id: str) -> dict[str, Any]:
+    # The fields of both SDKs' model objects (OpenAI's Model, Anthropic's ModelInfo).
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "foretoken",
+            "type": "model", "display_name": model_id,
+            "created_at": "1970-01-01T00:00:00Z"}  # fmt: skip
 
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    data = [{"id": m, "object": "model", "owned_by": "foretoken"} for m in sorted(state.models())]
-    return web.json_response({"object": "list", "data": data})
+    if not state.authorized(request):
+        return unauthorized(False)
+    data = [_model(m) for m in state.models]
+    return web.json_response({"object": "list", "data": data, "has_more": False,
+                              "first_id": data[0]["id"] if data else None,
+                              "last_id": data[-1]["id"] if data else None})  # fmt: skip
+
+
+async def model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.authorized(request):
+        return unauthorized(False)
+    model_id = request.match_info["model"]
+    if model_id not in state.models:
+        message = f"model {model_id!r} is not served here; served: {state.models}"
+        return errors.openai_error(404, message, "not_found_error", "model_not_found")
+    return web.json_response(_model(model_id))
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
 
 
 async def healthz(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return web.json_response({
-        "status": "ok", "kafka_connected": state.publisher.connected,
+        "status": "ok", "pid": os.getpid(), "kafka_connected": state.publisher.connected,
         "buffered": state.publisher.queue.qsize(), "dropped": state.publisher.dropped,
         "published": state.publisher.published,
         "missing_topics": state.publisher.missing_topics,
@@ -453,33 +466,86 @@ def _tokenizer_paths(settings: Settings, engines: list[EngineConfig]) -> dict[st
 
 
 def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application:
-    app = web.Application(client_max_size=settings.router.max_body_bytes)
+    cfg = settings.router
+    app = web.Application(client_max_size=cfg.max_body_bytes)
+    tokenizers = Tokenizers(_tokenizer_paths(settings, engines), cfg.tokenize_off_loop_chars)
     state = RouterState(settings, {e.worker_id: e for e in engines},
-                        Publisher(settings, settings.router.publish_buffer),
-                        tokenizers=Tokenizers(_tokenizer_paths(settings, engines)))  # fmt: skip
+                        Publisher(settings, cfg.publish_buffer), tokenizers=tokenizers)  # fmt: skip
     app[STATE] = state
 
     async def on_startup(app: web.Application) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        state.session = aiohttp.ClientSession(connector=connector)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, ttl_dns_cache=300)
+        state.engine_session = aiohttp.ClientSession(connector=connector,
+                                                     auto_decompress=False)  # fmt: skip
+        await state.routing.start()
         await state.publisher.start()
 
     async def on_cleanup(app: web.Application) -> None:
         await state.publisher.stop()
-        if state.session is not None:
-            await state.session.close()
+        await state.routing.stop()
+        if state.engine_session is not None:
+            await state.engine_session.close()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics)
+    routes: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
+        ("POST", "/v1/completions", completions),
+        ("POST", "/v1/chat/completions", chat_completions),
+        ("POST", "/v1/messages", messages),
+        ("POST", "/v1/messages/count_tokens", count_tokens),
+        ("GET", "/v1/models", models),
+        ("GET", "/v1/models/{model}", model),
+        ("GET", "/health", health),
+        ("GET", "/healthz", healthz),
+        ("GET", "/metrics", metrics),
+    ]
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
     return app
 
 
+def _serve(settings: Settings, engines: list[EngineConfig], host: str, port: int,
+           reuse_port: bool) -> None:  # fmt: skip
+    import uvloop
+
+    # lingering_time: how long the rest of a refused body (413, 408) is drained before the
+    # connection closes
+    web.run_app(make_app(settings, engines), host=host, port=port, access_log=None, print=None,
+                reuse_port=reuse_port or None, loop=uvloop.new_event_loop(),
+                handler_args={"lingering_time": 1.0})  # fmt: skip
+
+
 def run_router(settings: Settings, engines: list[EngineConfig], host: str, port: int) -> None:
+    """Serve on ``host:port``; with ``router.processes`` > 1, that many processes share the
+    port (SO_REUSEPORT: the kernel spreads connections) and this one waits for them."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    web.run_app(make_app(settings, engines), host=host, port=port, access_log=None,
-                print=None)  # fmt: skip
+    n = settings.router.processes
+    if n == 1:
+        _serve(settings, engines, host, port, reuse_port=False)
+        return
+    children: list[int] = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:  # the child: nothing of the parent's loop or threads exists yet
+            try:
+                _serve(settings, engines, host, port, reuse_port=True)
+            finally:
+                os._exit(0)
+        children.append(pid)
+
+    def stop(signum: int, frame: Any) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for child in children:
+        while True:
+            try:
+                os.waitpid(child, 0)
+                break
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue

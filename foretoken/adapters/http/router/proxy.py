@@ -1,148 +1,412 @@
 """Forwarding a request to its engine and measuring what the client sees.
 
-The engine is always asked to stream (with ``include_usage``): the first SSE chunk with
-non-empty content marks the first token. A streaming client gets the engine's chunks as they
-come (minus the usage-only chunk if it did not ask for usage); a non-streaming client gets
-the chunks assembled into one OpenAI answer.
+The engine is always asked to stream with usage: the first SSE event with content (text,
+content, reasoning or a tool call) marks the first token, and the usage event gives the
+prompt, cached and output tokens. Only those are decoded: the router decodes events until
+the first token, then only the ones that carry ``"usage"`` or ``"error"`` (a byte search);
+every other event goes to a streaming client as the engine's bytes, several per write.
+
+What the client gets is a :class:`Relay`: :class:`OpenAIStream` (the engine's events, plus
+``role: "assistant"`` on the first chat event when the engine leaves it out, minus the usage
+event unless the client asked for it), :class:`Collected` (one JSON answer assembled from
+the events: every choice, text, tool calls, logprobs) or the Anthropic translation
+(``anthropic.py``). A stream that breaks — an engine error event, a dropped connection, a
+timeout — always ends with an SSE error event and ``data: [DONE]``, so an SDK raises
+instead of yielding nothing. An engine that refuses the request before streaming (a 4xx)
+is answered with its own status and message.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Protocol
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
+ERROR_BODY_MAX_BYTES: Final = 65_536
+DONE: Final = b"[DONE]"
+_EMPTY = re.compile(rb'"(?:text|content)": ?""')
+_json = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
 
-@dataclass
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+
+
+class Chunk(msgspec.Struct):
+    """What the router reads of one engine event."""
+
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: Any = None
+    object: str | None = None
+    message: str | None = None
+
+    @property
+    def has_content(self) -> bool:
+        for c in self.choices:
+            if c.text or (c.delta and (c.delta.content or c.delta.reasoning_content
+                                        or c.delta.tool_calls)):  # fmt: skip
+                return True
+        return False
+
+    @property
+    def error_message(self) -> str | None:
+        if self.error is not None:
+            err = self.error
+            msg = err.get("message") if isinstance(err, dict) else err
+            return str(msg or "engine error")
+        if self.object == "error":
+            return self.message or "engine error"
+        return None
+
+
+_chunk = msgspec.json.Decoder(Chunk)
+
+
+def read_chunk(payload: bytes) -> Chunk | None:
+    try:
+        return _chunk.decode(payload)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+@dataclass(slots=True)
 class Measured:
     """What the router measured of one forwarded request."""
 
     first_token_s: float | None = None  # monotonic time of the first content token
     done_s: float | None = None
     output_tokens: int = 0
-    usage_seen: bool = False  # the engine sent a usage object (else tokens are counted)
+    chunks: int = 0  # events with content (the output tokens when no usage comes)
+    usage_seen: bool = False
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
     status: str = "ok"
     error: str | None = None
-    texts: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
     engine_status: int = 200
     engine_body: bytes = b""
+    engine_content_type: str = "application/json"
+    done_seen: bool = False
+    finish_reason: str | None = None
+
+    def note_usage(self, usage: _Usage) -> None:
+        self.usage_seen = True
+        self.prompt_tokens = usage.prompt_tokens
+        details = usage.prompt_tokens_details
+        # Absent = the engine did not say; whether that means 0 depends on the engine (the
+        # caller knows): vLLM with prompt-token details omits the field on a miss.
+        self.cached_tokens = details.cached_tokens if details is not None else None
+        if usage.completion_tokens is not None:
+            self.output_tokens = usage.completion_tokens
 
 
-def _content(chunk: dict[str, Any]) -> str:
-    choices = chunk.get("choices") or []
-    if not choices:
-        return ""
-    first = choices[0]
-    if "text" in first:
-        return str(first.get("text") or "")
-    delta = first.get("delta") or {}
-    return str(delta.get("content") or "")
+class ClientGone(Exception):
+    """The client went away while its answer was being written."""
 
 
-def _note_usage(measured: Measured, chunk: dict[str, Any]) -> None:
-    usage = chunk.get("usage")
-    if not isinstance(usage, dict):
-        return
-    measured.usage_seen = True
-    measured.prompt_tokens = usage.get("prompt_tokens")
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    # Absent = the engine did not say; whether that means 0 depends on the engine (the caller
-    # knows): vLLM with prompt-token details omits the field on a miss.
-    measured.cached_tokens = int(cached) if isinstance(cached, int) else None
-    if isinstance(usage.get("completion_tokens"), int):
-        measured.output_tokens = usage["completion_tokens"]
+async def write(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+    except (ConnectionError, RuntimeError) as exc:  # reset, or the transport already closed
+        raise ClientGone(str(exc)) from exc
+
+
+class Relay(Protocol):
+    """Where the engine's events go (one client answer)."""
+
+    async def open(self) -> None:
+        """The engine answered 200: the client's answer may start."""
+
+    async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
+        """Engine events (the ``data:`` payload, and what was decoded of it if anything)."""
+
+    async def close(self, error: str | None) -> None:
+        """The engine's stream ended; ``error`` says what broke, if anything."""
 
 
 async def forward(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: dict[str, Any],
-    client: web.StreamResponse | None,
-    on_first_token: Any,
-    timeout_s: float,
-) -> Measured:
-    """POST ``body`` (made streaming) to ``url``; relay to ``client`` if it streams."""
-    wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    upstream = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    measured = Measured()
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with session.post(url, json=upstream, timeout=timeout) as resp:
-        measured.engine_status = resp.status
-        if resp.status != 200:
-            measured.status = "error"
-            measured.engine_body = await resp.read()
-            measured.error = f"engine answered {resp.status}"
-            return measured
-        buffer = b""
-        async for data in resp.content.iter_any():
-            buffer += data
-            while b"\n\n" in buffer:
-                event, buffer = buffer.split(b"\n\n", 1)
-                await _on_event(event, measured, client, wants_usage, on_first_token)
-    measured.done_s = time.monotonic()
-    if not measured.usage_seen:  # llama-cpp-python streams no usage: one chunk, one token
-        measured.output_tokens = len(measured.texts)
-    return measured
-
-
-async def _on_event(
-    event: bytes, measured: Measured, client: web.StreamResponse | None, wants_usage: bool,
-    on_first_token: Any,
-) -> None:  # fmt: skip
-    line = event.strip()
-    if not line.startswith(b"data:"):
-        return
-    payload = line[5:].strip()
-    if payload == b"[DONE]":
-        if client is not None:
-            await client.write(b"data: [DONE]\n\n")
-        return
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+    relay: Relay, on_first_token: Callable[[float], None], timeout: aiohttp.ClientTimeout,
+) -> Measured:  # fmt: skip
+    """POST ``body`` (already streaming) to ``url`` and feed the engine's events to ``relay``.
+    Raises only the client's disconnect (:class:`ClientGone`) and cancellation."""
+    m = Measured()
+    error: str | None = None
     try:
-        chunk = json.loads(payload)
-    except json.JSONDecodeError:
+        async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+            m.engine_status = resp.status
+            if resp.status != 200:
+                m.engine_body = await resp.content.read(ERROR_BODY_MAX_BYTES)
+                m.engine_content_type = resp.content_type
+                m.status, m.error = "error", engine_error_message(resp.status, m.engine_body)
+                return m
+            await relay.open()
+            buffer = b""
+            async for data in resp.content.iter_any():
+                buffer += data
+                if b"\n\n" not in buffer:
+                    continue
+                *events, buffer = buffer.split(b"\n\n")
+                batch = _scan(events, m, on_first_token)
+                if batch:
+                    await relay.send(batch)
+    except ClientGone:
+        raise
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        error = f"engine stream broke: {type(exc).__name__}: {exc}".rstrip(": ")
+    m.done_s = time.monotonic()
+    if error is None and m.error is None and not m.done_seen:
+        error = "engine stream ended without [DONE]"
+    if error is not None and m.status == "ok":
+        m.status, m.error = "error", error
+    if not m.usage_seen:  # llama-cpp-python streams no usage: one event, one token
+        m.output_tokens = m.chunks
+    await relay.close(error)
+    return m
+
+
+def _scan(events: list[bytes], m: Measured,
+          on_first_token: Callable[[float], None]) -> list[tuple[bytes, Chunk | None]]:  # fmt: skip
+    """Measure what needs measuring; keep the data events (decoded only when needed)."""
+    out: list[tuple[bytes, Chunk | None]] = []
+    for event in events:
+        start = event.find(b"data:")
+        if start < 0:
+            continue  # comments, event names, keep-alives
+        payload = event[start + 5 :].strip()
+        if payload == DONE:
+            m.done_seen = True
+            continue
+        chunk: Chunk | None = None
+        if m.first_token_s is None or b'"usage"' in payload or b'"error"' in payload:
+            chunk = read_chunk(payload)
+        if chunk is None:
+            if not _EMPTY.search(payload):
+                m.chunks += 1
+            out.append((payload, None))
+            continue
+        if chunk.usage is not None:
+            m.note_usage(chunk.usage)
+        message = chunk.error_message
+        if message is not None:
+            m.status, m.error = "error", f"engine error: {message}"
+        elif chunk.has_content:
+            m.chunks += 1
+            if m.first_token_s is None:
+                m.first_token_s = time.monotonic()
+                on_first_token(m.first_token_s)
+        out.append((payload, chunk))
+    return out
+
+
+def engine_error_message(status: int, body: bytes) -> str:
+    """The engine's own message from an error answer (OpenAI or vLLM shape), else its text."""
+    try:
+        doc = _json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        doc = None
+    if isinstance(doc, dict):
+        err = doc.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if doc.get("message"):
+            return str(doc["message"])
+    text = body[:500].decode(errors="replace").strip()
+    return text or f"engine answered {status}"
+
+
+# ---------------------------------------------------------------------------- relays
+
+
+def sse_error(message: str, kind: str = "api_error") -> bytes:
+    err = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return b"data: " + _encoder.encode(err) + b"\n\n"
+
+
+class OpenAIStream:
+    """A streaming OpenAI client: the engine's events as they come."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse, chat: bool,
+                 wants_usage: bool) -> None:  # fmt: skip
+        self.request, self.response = request, response
+        self.chat, self.wants_usage = chat, wants_usage
+        self.role_pending = chat
+        self.error_sent = False
+
+    async def open(self) -> None:
+        try:
+            await self.response.prepare(self.request)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClientGone(str(exc)) from exc
+
+    async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
+        parts: list[bytes] = []
+        for payload, chunk in events:
+            if chunk is not None:
+                if not chunk.choices and chunk.usage is not None and not self.wants_usage:
+                    continue  # the usage event the router asked for, not the client
+                if chunk.error_message is not None:
+                    self.error_sent = True
+            if self.role_pending and b'"choices"' in payload:
+                self.role_pending = False
+                if b'"role"' not in payload:
+                    payload = _with_role(payload)
+            parts.append(b"data: " + payload + b"\n\n")
+        if parts:
+            await write(self.response, b"".join(parts))
+
+    async def close(self, error: str | None) -> None:
+        tail = b""
+        if error is not None and not self.error_sent:
+            tail = sse_error(error)
+        await write(self.response, tail + b"data: [DONE]\n\n")
+
+
+def _with_role(payload: bytes) -> bytes:
+    """The first chat event with ``role: "assistant"`` in every choice's delta."""
+    try:
+        doc = _json.decode(payload)
+        for choice in doc.get("choices") or ():
+            delta = choice.setdefault("delta", {})
+            if isinstance(delta, dict):
+                delta.setdefault("role", "assistant")
+        return _encoder.encode(doc)
+    except (msgspec.DecodeError, AttributeError, TypeError):
+        return payload
+
+
+@dataclass
+class _Assembly:
+    index: int
+    text: list[str] = field(default_factory=list)
+    role: str = "assistant"
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    logprobs: dict[str, list[Any]] = field(default_factory=dict)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+class Collected:
+    """A non-streaming client: the events assembled into one OpenAI answer."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.choices: dict[int, _Assembly] = {}
+        self.head: dict[str, Any] = {}
+        self.usage: Any = None
+        self.error: str | None = None
+
+    async def open(self) -> None:
+        return None
+
+    async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
+        for payload, _ in events:
+            try:
+                doc = _json.decode(payload)
+            except (msgspec.DecodeError, RecursionError):
+                continue
+            if isinstance(doc, dict):
+                self._add(doc)
+
+    def _add(self, doc: dict[str, Any]) -> None:
+        if doc.get("error") is not None or doc.get("object") == "error":
+            self.error = engine_error_message(500, _encoder.encode(doc))
+            return
+        if not self.head:
+            self.head = {k: doc[k] for k in ("id", "created", "model", "system_fingerprint")
+                         if k in doc}  # fmt: skip
+        if doc.get("usage") is not None:
+            self.usage = doc["usage"]
+        for c in doc.get("choices") or ():
+            a = self.choices.setdefault(c.get("index", 0), _Assembly(c.get("index", 0)))
+            delta = c.get("delta") if self.chat else c
+            if isinstance(delta, dict):
+                piece = delta.get("content") if self.chat else delta.get("text")
+                if piece:
+                    a.text.append(piece)
+                a.role = delta.get("role") or a.role
+                for call in delta.get("tool_calls") or ():
+                    _merge_call(a.tool_calls, call)
+            if c.get("finish_reason"):
+                a.finish_reason = c["finish_reason"]
+            if c.get("stop_reason") is not None:
+                a.stop_reason = c["stop_reason"]
+            _merge_logprobs(a.logprobs, c.get("logprobs"))
+
+    async def close(self, error: str | None) -> None:
+        self.error = self.error or error
+
+    def answer(self, model: str, request_id: str) -> dict[str, Any]:
+        choices = []
+        for index in sorted(self.choices):
+            a = self.choices[index]
+            text = "".join(a.text)
+            choice: dict[str, Any] = {"index": index, "finish_reason": a.finish_reason or "stop"}
+            if self.chat:
+                message: dict[str, Any] = {"role": a.role, "content": text}
+                if a.tool_calls:
+                    message["tool_calls"] = [a.tool_calls[i] for i in sorted(a.tool_calls)]
+                    message["content"] = text or None
+                choice["message"] = message
+            else:
+                choice["text"] = text
+            choice["logprobs"] = a.logprobs or None
+            if a.stop_reason is not None:
+                choice["stop_reason"] = a.stop_reason
+            choices.append(choice)
+        return {
+            "id": self.head.get("id", f"cmpl-{request_id}"),
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.head.get("created", int(time.time())),
+            "model": self.head.get("model", model), "choices": choices, "usage": self.usage,
+        } | ({"system_fingerprint": self.head["system_fingerprint"]}
+             if "system_fingerprint" in self.head else {})  # fmt: skip
+
+
+def _merge_call(calls: dict[int, dict[str, Any]], delta: Any) -> None:
+    if not isinstance(delta, dict):
         return
-    usage_only = not chunk.get("choices") and "usage" in chunk
-    _note_usage(measured, chunk)
-    text = _content(chunk)
-    if text:
-        measured.texts.append(text)
-        if measured.first_token_s is None:
-            measured.first_token_s = time.monotonic()
-            on_first_token(measured.first_token_s)
-    choices = chunk.get("choices") or []
-    if choices and choices[0].get("finish_reason"):
-        measured.finish_reason = choices[0]["finish_reason"]
-    if client is not None and (wants_usage or not usage_only):
-        if not wants_usage:
-            chunk.pop("usage", None)
-        await client.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    call = calls.setdefault(int(delta.get("index", len(calls))),
+                            {"id": None, "type": "function",
+                             "function": {"name": "", "arguments": ""}})  # fmt: skip
+    call["id"] = delta.get("id") or call["id"]
+    call["type"] = delta.get("type") or call["type"]
+    fn = delta.get("function") or {}
+    call["function"]["name"] += fn.get("name") or ""
+    call["function"]["arguments"] += fn.get("arguments") or ""
 
 
-def assembled(measured: Measured, model: str, request_id: str, chat: bool) -> dict[str, Any]:
-    """A non-streaming OpenAI answer from the streamed chunks."""
-    text = "".join(measured.texts)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": measured.finish_reason or "stop"}
-    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-    usage: dict[str, Any] = {
-        "prompt_tokens": measured.prompt_tokens or 0,
-        "completion_tokens": measured.output_tokens,
-        "total_tokens": (measured.prompt_tokens or 0) + measured.output_tokens,
-    }
-    if measured.cached_tokens:
-        usage["prompt_tokens_details"] = {"cached_tokens": measured.cached_tokens}
-    return {
-        "id": f"cmpl-{request_id}",
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": usage,
-    }
+def _merge_logprobs(into: dict[str, list[Any]], piece: Any) -> None:
+    """Streamed logprobs concatenated: chat (``content``) and completions (the lists)."""
+    if not isinstance(piece, dict):
+        return
+    for key, value in piece.items():
+        if isinstance(value, list):
+            into.setdefault(key, []).extend(value)

@@ -1,0 +1,233 @@
+"""The Anthropic Messages API in front of OpenAI-speaking engines.
+
+``POST /v1/messages`` (streaming or not) and ``POST /v1/messages/count_tokens``. A request is
+decoded strictly (text content blocks, a system prompt as a string or text blocks, stop
+sequences, sampling parameters; anything else — tools, images, thinking — is refused with a
+400 naming it, never dropped) and translated into the chat completion the engine streams:
+the same messages the router tokenizes, so what is routed is what is prefilled. The engine's
+OpenAI events come back as Anthropic's: ``message_start``, ``content_block_start``, ``ping``,
+``content_block_delta`` (``text_delta``), ``content_block_stop``, ``message_delta`` (stop
+reason, output and cache-read tokens), ``message_stop`` — or an ``error`` event when the
+stream breaks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from aiohttp import web
+from msgspec import Meta
+
+from foretoken.adapters.http.router.proxy import Chunk, ClientGone, Measured, write
+from foretoken.adapters.http.router.requests import (
+    INT32_MAX,
+    RequestError,
+    ShortText,
+    json_error,
+)
+from foretoken.core.tokenizer import transcript
+
+STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_encoder = msgspec.json.Encoder()
+_json = msgspec.json.Decoder()
+
+
+class Block(msgspec.Struct, kw_only=True):
+    type: ShortText
+    text: str | None = None
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Metadata(msgspec.Struct, kw_only=True):
+    user_id: ShortText | None = None
+
+
+class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: Annotated[str, Meta(min_length=1, max_length=256)]
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    system: str | list[Block] | None = None
+    # refused with a message of their own (below), not as unknown fields
+    tools: Any = None
+    tool_choice: Any = None
+    thinking: Any = None
+    mcp_servers: Any = None
+
+
+class MessagesBody(_Base, kw_only=True, forbid_unknown_fields=True):
+    max_tokens: Annotated[int, Meta(ge=1, le=INT32_MAX)]
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    metadata: Metadata | None = None
+    service_tier: ShortText | None = None  # accepted: this fleet has one tier
+    # foretoken's own
+    max_queue_wait_s: float | None = None
+    already_waited_s: float | None = None
+    workload_class: ShortText | None = None
+    prefer_cache_hit: bool | None = None
+    conversation_id: ShortText | None = None
+
+
+class CountTokensBody(_Base, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+_messages = msgspec.json.Decoder(MessagesBody)
+_count = msgspec.json.Decoder(CountTokensBody)
+
+
+def _text(content: str | list[Block] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    for j, block in enumerate(content):
+        if block.type != "text":
+            raise RequestError(
+                f"{where}[{j}].type: content blocks of type {block.type!r} are not supported by "
+                "this router (text only)", param=f"{where}[{j}].type",
+            )  # fmt: skip
+        if block.text is None:
+            raise RequestError(f"{where}[{j}].text is required", param=f"{where}[{j}].text")
+    return "".join(b.text or "" for b in content)
+
+
+def _turns(body: _Base) -> list[tuple[str, str]]:
+    for name in ("tools", "tool_choice", "thinking", "mcp_servers"):
+        if getattr(body, name) is not None:
+            raise RequestError(f"{name} is not supported by this router", param=name)
+    turns = [("system", _text(body.system, "system"))] if body.system else []
+    turns += [(m.role, _text(m.content, f"messages[{i}].content"))
+              for i, m in enumerate(body.messages)]  # fmt: skip
+    return turns
+
+
+def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes]:
+    """The body, the transcript to tokenize, and the engine's chat completion body."""
+    try:
+        body = _messages.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise json_error(exc, raw) from exc
+    turns = _turns(body)
+    upstream: dict[str, Any] = {
+        "model": body.model, "messages": [{"role": r, "content": t} for r, t in turns],
+        "max_tokens": body.max_tokens, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    for name in ("temperature", "top_p", "top_k"):
+        if getattr(body, name) is not None:
+            upstream[name] = getattr(body, name)
+    if body.stop_sequences:
+        upstream["stop"] = body.stop_sequences
+    if body.metadata is not None and body.metadata.user_id:
+        upstream["user"] = body.metadata.user_id
+    return body, transcript(turns), _encoder.encode(upstream)
+
+
+def decode_count_tokens(raw: bytes) -> tuple[CountTokensBody, str]:
+    try:
+        body = _count.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise json_error(exc, raw) from exc
+    return body, transcript(_turns(body))
+
+
+def _stop(finish_reason: str | None, stop_reason: Any) -> tuple[str, str | None]:
+    if isinstance(stop_reason, str):  # vLLM: the stop string that matched
+        return "stop_sequence", stop_reason
+    return STOP_REASONS.get(finish_reason or "stop", "end_turn"), None
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    body = _encoder.encode({"type": kind, **data})
+    return b"event: %s\ndata: %s\n\n" % (kind.encode(), body)
+
+
+class AnthropicRelay:
+    """Engine events → an Anthropic answer, streamed or one JSON message."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse | None,
+                 message_id: str, model: str, input_tokens: int) -> None:  # fmt: skip
+        self.request, self.response = request, response
+        self.id, self.model, self.input_tokens = message_id, model, input_tokens
+        self.text: list[str] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: Any = None
+        self.error: str | None = None
+
+    def _message(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}  # fmt: skip
+
+    async def open(self) -> None:
+        if self.response is None:
+            return
+        try:
+            await self.response.prepare(self.request)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClientGone(str(exc)) from exc
+        await write(self.response, _event("message_start", {"message": self._message()})
+                    + _event("content_block_start", {"index": 0,
+                                                     "content_block": {"type": "text", "text": ""}})
+                    + _event("ping", {}))  # fmt: skip
+
+    async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
+        parts: list[bytes] = []
+        for payload, _ in events:
+            try:
+                doc = _json.decode(payload)
+            except (msgspec.DecodeError, RecursionError):
+                continue
+            if not isinstance(doc, dict):
+                continue
+            for c in doc.get("choices") or ():
+                delta = c.get("delta") or {}
+                piece = delta.get("content") if isinstance(delta, dict) else None
+                if piece:
+                    self.text.append(piece)
+                    if self.response is not None:
+                        delta_event = {"index": 0, "delta": {"type": "text_delta", "text": piece}}
+                        parts.append(_event("content_block_delta", delta_event))
+                self.finish_reason = c.get("finish_reason") or self.finish_reason
+                if c.get("stop_reason") is not None:
+                    self.stop_reason = c["stop_reason"]
+        if parts and self.response is not None:
+            await write(self.response, b"".join(parts))
+
+    async def close(self, error: str | None) -> None:
+        self.error = error
+
+    async def finish(self, m: Measured) -> None:
+        """The stream's end for a streaming client (after the measurement is complete)."""
+        assert self.response is not None
+        if m.status == "error":
+            err = {"error": {"type": "api_error", "message": m.error or "engine error"}}
+            await write(self.response, _event("error", err))
+            return
+        stop, sequence = _stop(self.finish_reason, self.stop_reason)
+        await write(self.response,
+                    _event("content_block_stop", {"index": 0})
+                    + _event("message_delta", {"delta": {"stop_reason": stop,
+                                                         "stop_sequence": sequence},
+                                               "usage": self.usage(m)})
+                    + _event("message_stop", {}))  # fmt: skip
+
+    def usage(self, m: Measured) -> dict[str, Any]:
+        usage: dict[str, Any] = {"input_tokens": m.prompt_tokens or self.input_tokens,
+                                 "output_tokens": m.output_tokens}  # fmt: skip
+        if m.cached_tokens is not None:
+            usage["cache_read_input_tokens"] = m.cached_tokens
+        return usage
+
+    def answer(self, m: Measured) -> dict[str, Any]:
+        stop, sequence = _stop(self.finish_reason, self.stop_reason)
+        return self._message() | {
+            "content": [{"type": "text", "text": "".join(self.text)}],
+            "stop_reason": stop, "stop_sequence": sequence, "usage": self.usage(m),
+        }  # fmt: skip

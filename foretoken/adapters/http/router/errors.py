@@ -1,0 +1,116 @@
+"""Error answers in the shape each client parses, and the 429 that tells a client what it
+needs.
+
+OpenAI: ``{"error": {"message", "type", "param", "code"}}``; Anthropic (``/v1/messages``):
+``{"type": "error", "error": {"type", "message"}, "request_id"}``. A rejection says whether
+waiting can help: ``Retry-After`` / ``retry-after-ms`` when the route service named a delay,
+``x-should-retry: false`` when no delay can make the request meet its bound (its prefill alone
+exceeds it, or a retry after the delay would already have waited past it) — the official
+clients then do not retry. The message and ``x-foretoken-*`` headers say what failed: the
+predicted TTFT against the client's bound, or the fleet's overload.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from foretoken.core.types import RejectReason
+from foretoken.wire.records import Grant
+
+ANTHROPIC_KIND: Final = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+}  # fmt: skip
+_encoder = msgspec.json.Encoder()
+
+
+def _json(status: int, body: object, headers: dict[str, str] | None) -> web.Response:
+    return web.Response(body=_encoder.encode(body), status=status, headers=headers,
+                        content_type="application/json")  # fmt: skip
+
+
+def openai_error(status: int, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return _json(status, body, headers)
+
+
+def anthropic_error(status: int, message: str, request_id: str | None = None,
+                    headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
+    kind = ANTHROPIC_KIND.get(status, "api_error")
+    body = {"type": "error", "error": {"type": kind, "message": message},
+            "request_id": request_id}  # fmt: skip
+    return _json(status, body, headers)
+
+
+def error(anthropic: bool, status: int, message: str, *, kind: str = "invalid_request_error",
+          code: str | None = None, param: str | None = None, request_id: str | None = None,
+          headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
+    if anthropic:
+        return anthropic_error(status, message, request_id, headers)
+    return openai_error(status, message, kind, code, param, headers)
+
+
+def waiting_helps(grant: Grant) -> bool:
+    """A retry after the advised delay could be admitted: there is a delay, and the time
+    already waited plus that delay still leaves room within the bound."""
+    if grant.retry_after_s is None:
+        return False
+    bound = grant.max_queue_wait_s
+    return bound is None or grant.already_waited_s + grant.retry_after_s < bound
+
+
+def rejection_message(grant: Grant) -> str:
+    reason, bound, waited = grant.reject_reason, grant.max_queue_wait_s, grant.already_waited_s
+    retry = grant.retry_after_s
+    if reason == RejectReason.ADMISSION_CONTROL:
+        head = f"workload class {grant.workload_class!r} is being shed by the latency controls"
+    elif reason == RejectReason.NO_WORKER_FOR_MODEL:
+        head = f"no worker serves model {grant.model!r} right now"
+    elif bound is not None and grant.predicted_ttft_s is not None:
+        head = (
+            f"the predicted time to first token, {grant.predicted_ttft_s:.2f} s (queue wait "
+            f"{grant.queue_wait_s or 0.0:.2f} s + prefill {grant.prefill_s or 0.0:.2f} s), "
+            f"exceeds this request's bound max_queue_wait_s = {bound:g} s "
+            f"({waited:.2f} s already waited)"
+        )
+    else:
+        head = "every worker of this model is overloaded"
+        if grant.queue_wait_s is not None:
+            head += f" (best predicted queue wait {grant.queue_wait_s:.2f} s)"
+    if reason == RejectReason.PREFILL_EXCEEDS_BOUND:
+        return f"{head}; waiting cannot help: the prefill alone exceeds the bound"
+    if retry is None:
+        return f"{head}; waiting cannot help"
+    if not waiting_helps(grant):
+        return (f"{head}; waiting cannot help: the fleet needs {retry:.2f} s, and a retry then "
+                "would already have waited past the bound")  # fmt: skip
+    return f"{head}; retry after {retry:.2f} s"
+
+
+def rejection(grant: Grant, anthropic: bool) -> web.Response:
+    """429 (503 when no worker serves the model) with what the client needs to decide."""
+    headers = {"x-request-id": grant.request_id,
+               "x-foretoken-reject-reason": str(grant.reject_reason)}  # fmt: skip
+    if grant.retry_after_s is not None:
+        retry_s = max(grant.retry_after_s, 0.001)
+        headers["Retry-After"] = str(max(1, math.ceil(retry_s)))
+        headers["retry-after-ms"] = str(max(1, round(retry_s * 1000)))
+    if not waiting_helps(grant):
+        headers["x-should-retry"] = "false"
+    if grant.predicted_ttft_s is not None:
+        headers["x-foretoken-predicted-ttft-s"] = f"{grant.predicted_ttft_s:.3f}"
+    if grant.max_queue_wait_s is not None:
+        headers["x-foretoken-max-queue-wait-s"] = f"{grant.max_queue_wait_s:g}"
+    status = 503 if grant.reject_reason == RejectReason.NO_WORKER_FOR_MODEL else 429
+    message = f"request {grant.request_id}: {rejection_message(grant)}"
+    if anthropic:
+        return anthropic_error(status, message, grant.request_id, headers)
+    code = "ttft_bound_exceeded" if grant.max_queue_wait_s is not None else str(grant.reject_reason)
+    return openai_error(status, message, "rate_limit_exceeded", code, None, headers)

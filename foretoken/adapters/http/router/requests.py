@@ -1,0 +1,222 @@
+"""The router's edge for OpenAI bodies: decoded once, with msgspec, into typed structs.
+
+``POST /v1/completions`` and ``/v1/chat/completions`` bodies are validated strictly (a
+``stream`` of ``"false"`` is an error, not ``True``; ``prompt: [true, false]`` is not token
+ids; ``max_tokens`` is an integer in range), and every violation is a :class:`RequestError`
+naming the field, answered as a 4xx in the OpenAI error shape. Invalid UTF-8, lone
+surrogates, trailing bytes and nesting past the decoder's depth are 400s too.
+
+The body the engine gets is the client's, field for field, values untouched: decoded a
+second time as ``{key: msgspec.Raw}`` (each value kept as its original bytes, so a 32k-token
+prompt is copied, never re-serialized), minus foretoken's own fields, with ``stream`` on and
+usage asked for (the router measures the first token and reads the usage chunk). Fields the
+router cannot honour while streaming from the engine (``best_of``, ``use_beam_search``) are
+refused with a 400 that says why, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
+
+import msgspec
+import numpy as np
+from msgspec import Meta
+
+from foretoken.core.tokenizer import transcript
+
+TOKEN_ID_LIMIT: Final = 1 << 32
+# A hard ceiling in the schema; the router's own (settings) is checked after decoding.
+INT32_MAX: Final = (1 << 31) - 1
+FORETOKEN_FIELDS: Final = (
+    "max_queue_wait_s", "already_waited_s", "workload_class", "prefer_cache_hit",
+    "conversation_id",
+)  # fmt: skip
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+TokenId = Annotated[int, Meta(ge=0, lt=TOKEN_ID_LIMIT)]
+Count = Annotated[int, Meta(ge=1, le=INT32_MAX)]
+ShortText = Annotated[str, Meta(max_length=256)]
+
+
+class RequestError(Exception):
+    """A request the router refuses: HTTP status, message (naming the field), param."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:  # fmt: skip
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.kind = (
+            message, param, status, code, kind,
+        )  # fmt: skip
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: Annotated[str, Meta(min_length=1, max_length=256)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Count | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] = 1
+    best_of: Count | None = None
+    use_beam_search: bool = False
+    # foretoken's own (never forwarded)
+    max_queue_wait_s: float | None = None
+    already_waited_s: float | None = None
+    workload_class: ShortText | None = None
+    prefer_cache_hit: bool | None = None
+    conversation_id: ShortText | None = None
+
+
+class CompletionBody(_Common, kw_only=True):
+    prompt: str | list[str | TokenId | list[TokenId]]
+    echo: bool = False
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: ShortText
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: ShortText
+    content: str | list[ContentPart] | None = None
+
+
+class ChatBody(_Common, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: Count | None = None
+
+
+Body = CompletionBody | ChatBody
+_raw = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_completion = msgspec.json.Decoder(CompletionBody)
+_chat = msgspec.json.Decoder(ChatBody)
+_encoder = msgspec.json.Encoder()
+_STREAM_ON = msgspec.Raw(b"true")
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def json_error(exc: Exception, raw: bytes = b"") -> RequestError:
+    """A msgspec (or recursion) failure as a 400 naming the field it happened at."""
+    if isinstance(exc, RecursionError):
+        return RequestError("the body is nested too deeply to decode")
+    text = str(exc)
+    if isinstance(exc, msgspec.DecodeError) and _SURROGATE.search(raw):
+        text = f"{text} (it holds a UTF-16 surrogate escape without its pair)"
+    if isinstance(exc, msgspec.ValidationError):
+        m = _AT.match(text)
+        path = (m.group("path") or "").lstrip(".") if m else ""
+        what = (m.group("what") if m else text).rstrip(".")
+        if "unknown field" in what:
+            name = what.split("`")[1]
+            where = f"{path}.{name}" if path else name
+            return RequestError(f"{where}: unknown field, not supported by this router",
+                                param=where)  # fmt: skip
+        if what.startswith("Object missing required field"):
+            name = what.split("`")[1]
+            where = f"{path}.{name}" if path else name
+            return RequestError(f"{where} is required", param=where)
+        if path:
+            return RequestError(f"{path}: {what[0].lower()}{what[1:]}", param=path)
+        return RequestError(f"the body must be a JSON object: {what}")
+    return RequestError(f"the body is not valid JSON: {text}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One decoded OpenAI request: the typed body, what to tokenize (a text or given token
+    ids), and the engine's body."""
+
+    body: Body
+    chat: bool
+    text: str | None
+    token_ids: np.ndarray | None
+    upstream: bytes
+    wants_usage: bool
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        b = self.body
+        return b.max_completion_tokens or b.max_tokens if isinstance(b, ChatBody) else b.max_tokens
+
+
+def decode_openai(raw: bytes, chat: bool, max_output_tokens: int) -> Decoded:
+    try:
+        body: Body = _chat.decode(raw) if chat else _completion.decode(raw)
+        fields = _raw.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise json_error(exc, raw) from exc
+    _check_common(body, max_output_tokens)
+    text, ids = (_chat_text(body), None) if isinstance(body, ChatBody) else _prompt(body)
+    usage = body.stream_options is not None and body.stream_options.include_usage
+    upstream = upstream_body(fields, body.stream_options)
+    return Decoded(body=body, chat=chat, text=text, token_ids=ids, upstream=upstream,
+                   wants_usage=usage)  # fmt: skip
+
+
+def _check_common(body: Body, max_output_tokens: int) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise RequestError("stream_options is only allowed when stream is true",
+                           param="stream_options")  # fmt: skip
+    if body.use_beam_search:
+        raise RequestError(
+            "use_beam_search is not supported by this router: it streams every answer from the "
+            "engine (to measure the first token), and beam search cannot stream",
+            param="use_beam_search",
+        )  # fmt: skip
+    if body.best_of is not None and body.best_of != body.n:
+        raise RequestError(
+            "best_of other than n is not supported by this router: it streams every answer "
+            "from the engine (to measure the first token), and best_of cannot stream",
+            param="best_of",
+        )  # fmt: skip
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(body, name, None)
+        if value is not None and value > max_output_tokens:
+            raise RequestError(f"{name} must be at most {max_output_tokens} "
+                               "(router.max_output_tokens)", param=name)  # fmt: skip
+
+
+def _prompt(body: CompletionBody) -> tuple[str | None, np.ndarray | None]:
+    prompt: str | list[Any] = body.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch of one: a string or a list of token ids
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt must not be empty", param="prompt")
+        return prompt, None
+    if not prompt:
+        raise RequestError("prompt must not be empty", param="prompt")
+    if all(type(t) is int for t in prompt):
+        return None, np.asarray(prompt, dtype=np.uint32)
+    raise RequestError(
+        "prompt as a batch (a list of several strings or token-id lists) is not supported by "
+        "this router: send one request per prompt", param="prompt",
+    )  # fmt: skip
+
+
+def _chat_text(body: ChatBody) -> str:
+    def text(content: str | list[ContentPart] | None) -> str:
+        if content is None or isinstance(content, str):
+            return content or ""
+        return "".join(p.text or "" for p in content)
+
+    return transcript((m.role, text(m.content)) for m in body.messages)
+
+
+def upstream_body(fields: dict[str, msgspec.Raw], options: StreamOptions | None) -> bytes:
+    """The client's fields, untouched, minus foretoken's own; streaming with usage."""
+    out: dict[str, Any] = {k: v for k, v in fields.items() if k not in FORETOKEN_FIELDS}
+    out["stream"] = _STREAM_ON
+    upstream_options: dict[str, bool] = {"include_usage": True}
+    if options is not None and options.continuous_usage_stats:
+        upstream_options["continuous_usage_stats"] = True
+    out["stream_options"] = upstream_options
+    return _encoder.encode(out)

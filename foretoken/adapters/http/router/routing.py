@@ -1,0 +1,249 @@
+"""Placing a request: the route RPC to the route service, and the router's own decision when
+that service is slow or down.
+
+The route RPC (``POST /v1/route``, msgpack) carries the prompt as packed unsigned 32-bit token
+ids, 4 bytes a token: the router refuses prompts over ``router.max_prompt_tokens``, which the
+settings hold under ``router.max_body_bytes`` / 4, so the route call of an accepted request is
+never larger than the body limit the router and the route service share. It goes over one
+keep-alive connection pool of its own. After a failed call the router decides alone for
+``router.route_retry_after_failure_s`` (a circuit breaker: an overloaded route service is not
+asked again and again at full timeout), with least outstanding prompt tokens
+(:func:`foretoken.core.routing.fallback.least_outstanding`) and the one decision builder.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+import numpy as np
+from multidict import CIMultiDictProxy
+
+from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.adapters.http.router.requests import RequestError
+from foretoken.core.routing.decide import decision
+from foretoken.core.routing.fallback import Load, least_outstanding
+from foretoken.core.types import ModelName, RejectReason, RequestId, RouteQuery, WorkerId
+from foretoken.settings import Settings
+from foretoken.wire.records import Grant, as_record
+from foretoken.wire.route_rpc import RouteRequest, RouteResponse
+
+ATTEMPT_MEMORY: Final = 100_000
+MAX_ALREADY_WAITED_S: Final = 3600.0
+_LE_U32: Final = np.dtype("<u4")
+_response = msgspec.json.Decoder(RouteResponse)
+_msgpack = msgspec.msgpack.Encoder()
+_TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no", "")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What routing needs of a request."""
+
+    request_id: RequestId
+    client_id: str | None
+    model: ModelName
+    token_ids: np.ndarray
+    max_queue_wait_s: float | None
+    already_waited_s: float
+    workload_class: str
+    prefer_cache_hit: bool
+    conversation_id: str | None
+    expected_output_tokens: int | None
+
+    def query(self) -> RouteQuery:
+        return RouteQuery(
+            request_id=self.request_id, model=self.model, tokens=self.token_ids,
+            prompt_tokens=len(self.token_ids), max_queue_wait_s=self.max_queue_wait_s,
+            already_waited_s=self.already_waited_s, workload_class=self.workload_class,
+            prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
+            expected_output_tokens=self.expected_output_tokens,
+        )  # fmt: skip
+
+    def rpc(self) -> bytes:
+        return _msgpack.encode(RouteRequest(
+            request_id=self.request_id, model=self.model,
+            packed_token_ids=np.ascontiguousarray(self.token_ids, dtype=_LE_U32).tobytes(),
+            prompt_tokens=len(self.token_ids), max_queue_wait_s=self.max_queue_wait_s,
+            already_waited_s=self.already_waited_s, workload_class=self.workload_class,
+            prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
+            expected_output_tokens=self.expected_output_tokens,
+        ))  # fmt: skip
+
+
+def _number(value: Any, name: str) -> float | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise RequestError(f"{name} must be a number", param=name)
+    try:
+        out = float(value)
+    except (TypeError, ValueError) as exc:
+        raise RequestError(f"{name} must be a number", param=name) from exc
+    if not math.isfinite(out):
+        raise RequestError(f"{name} must be finite", param=name)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """foretoken's own request options, from the body or its headers."""
+
+    max_queue_wait_s: float | None
+    already_waited_s: float
+    workload_class: str
+    prefer_cache_hit: bool
+    conversation_id: str | None
+    client_id: str | None
+
+
+def options(settings: Settings, body: Any, headers: CIMultiDictProxy[str]) -> Options:
+    cfg = settings.router
+    klass = body.workload_class or headers.get("x-workload-class")
+    classes = settings.controls.classes
+    if klass is not None and klass not in classes:
+        raise RequestError(f"unknown workload class {klass!r}; configured: {sorted(classes)}",
+                           param="workload_class")  # fmt: skip
+    class_name, workload = settings.controls.workload_class(klass)
+    bound = _number(body.max_queue_wait_s if body.max_queue_wait_s is not None
+                    else headers.get("x-max-queue-wait-s"), "max_queue_wait_s")  # fmt: skip
+    if bound is not None and not cfg.min_queue_wait_s <= bound <= cfg.max_queue_wait_s:
+        raise RequestError(
+            f"max_queue_wait_s must be within {cfg.min_queue_wait_s:g}–{cfg.max_queue_wait_s:g} s",
+            param="max_queue_wait_s",
+        )  # fmt: skip
+    if bound is None and workload.max_queue_wait_s is not None:
+        # the class's default bound, kept within the range a client may ask for: a request
+        # that names no bound is never refused for one it did not send
+        bound = min(max(workload.max_queue_wait_s, cfg.min_queue_wait_s), cfg.max_queue_wait_s)
+    waited = _number(body.already_waited_s if body.already_waited_s is not None
+                     else headers.get("x-already-waited-s"), "already_waited_s")  # fmt: skip
+    if waited is not None and not 0.0 <= waited <= MAX_ALREADY_WAITED_S:
+        raise RequestError(f"already_waited_s must be within 0–{MAX_ALREADY_WAITED_S:g} s",
+                           param="already_waited_s")  # fmt: skip
+    prefer = body.prefer_cache_hit
+    if prefer is None:
+        header = headers.get("x-prefer-cache-hit", "").strip().lower()
+        if header not in _TRUE + _FALSE:
+            raise RequestError("x-prefer-cache-hit must be true or false",
+                               param="prefer_cache_hit")  # fmt: skip
+        prefer = header in _TRUE
+    conversation = body.conversation_id or headers.get("x-conversation-id") or None
+    client_id = headers.get("x-request-id") or None
+    for name, value in (("x-conversation-id", conversation), ("x-request-id", client_id)):
+        if value is not None and len(value) > 256:
+            raise RequestError(f"{name} must be at most 256 characters", param=name)
+    return Options(bound, waited or 0.0, class_name, prefer, conversation, client_id)
+
+
+@dataclass
+class Routing:
+    """The route service's client and the router's fallback."""
+
+    settings: Settings
+    engines: dict[str, EngineConfig]
+    session: aiohttp.ClientSession | None = None
+    # Prompt tokens and requests sent to each engine and not yet answered (the fallback).
+    outstanding: dict[str, Load] = field(default_factory=dict)
+    route_down_until: float = 0.0
+    # Client request ids answered 429: (first seen, attempts). A retry is a new attempt with
+    # its own grant (``<id>~<n>``), and the time since the first try counts as waited.
+    attempts: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.url = f"{self.settings.route_url}/v1/route"
+        self.timeout = aiohttp.ClientTimeout(total=self.settings.router.route_timeout_s)
+        self.headers = {"Content-Type": "application/msgpack"}
+        self.models = {e.model for e in self.engines.values()}
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0)
+        self.session = aiohttp.ClientSession(connector=connector)
+
+    async def stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    def attempt(self, client_id: str | None, waited_s: float) -> tuple[RequestId, float]:
+        if client_id is None:
+            return RequestId(uuid.uuid4().hex), waited_s
+        seen = self.attempts.get(client_id)
+        if seen is None:
+            return RequestId(client_id), waited_s
+        first, n = seen
+        self.attempts[client_id] = (first, n + 1)
+        return RequestId(f"{client_id}~{n + 1}"), max(waited_s, time.monotonic() - first)
+
+    def rejected(self, client_id: str | None) -> None:
+        if client_id is None or client_id in self.attempts:
+            return
+        self.attempts[client_id] = (time.monotonic(), 1)
+        if len(self.attempts) > ATTEMPT_MEMORY:
+            self.attempts.popitem(last=False)
+
+    def admitted(self, client_id: str | None) -> None:
+        if client_id is not None:
+            self.attempts.pop(client_id, None)
+
+    def sent(self, worker: str, prompt_tokens: int) -> None:
+        """A request sent to ``worker`` (a negative count: it was answered)."""
+        load = self.outstanding.get(worker, Load())
+        requests = load.requests + (1 if prompt_tokens >= 0 else -1)
+        self.outstanding[worker] = Load(max(0, load.prompt_tokens + prompt_tokens),
+                                        max(0, requests))  # fmt: skip
+
+    def _fell_back(self, reason: str) -> None:
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+
+    async def decide(self, p: Placement) -> tuple[Grant, str | None]:
+        if time.monotonic() < self.route_down_until:
+            self._fell_back("circuit_open")
+            return self.fallback(p)
+        assert self.session is not None
+        reason = "error"
+        try:
+            async with self.session.post(self.url, data=p.rpc(), headers=self.headers,
+                                         timeout=self.timeout) as resp:  # fmt: skip
+                body = await resp.read()
+                if resp.status == 200:
+                    decided = _response.decode(body)
+                    return decided.grant, decided.http_url
+                if resp.status == 413:  # the route service's own body limit is lower
+                    raise RequestError(
+                        f"the prompt ({len(p.token_ids)} tokens) is more than the route service "
+                        "accepts: its body limit is below router.max_body_bytes", status=413,
+                        code="context_length_exceeded", param="prompt",
+                    )  # fmt: skip
+                reason = f"http_{resp.status}"
+        except TimeoutError:
+            reason = "timeout"
+        except (aiohttp.ClientError, msgspec.DecodeError, msgspec.ValidationError):
+            reason = "unavailable"
+        self._fell_back(reason)
+        self.route_down_until = time.monotonic() + self.settings.router.route_retry_after_failure_s
+        return self.fallback(p)
+
+    def fallback(self, p: Placement) -> tuple[Grant, str | None]:
+        """Least outstanding prompt tokens among the model's workers; a 429 only when every
+        worker is past ``fallback_overload_tokens``."""
+        cfg = self.settings.router
+        candidates = [w for w, e in self.engines.items() if e.model == p.model]
+        worker = least_outstanding(candidates, lambda w: self.outstanding.get(w, Load()),
+                                   overload_tokens=cfg.fallback_overload_tokens)  # fmt: skip
+        query = p.query()
+        if worker is None:
+            rejected = decision(query, time.time(), None, admitted=False,
+                                reason=RejectReason.OVERLOADED, fallback=True,
+                                retry_after_s=cfg.fallback_retry_after_s)  # fmt: skip
+            return as_record(Grant, rejected), None
+        admitted = decision(query, time.time(), None, admitted=True, reason=None,
+                            retry_after_s=None, fallback=True,
+                            worker_id=WorkerId(worker))  # fmt: skip
+        return as_record(Grant, admitted), self.engines[worker].http_url
