@@ -194,13 +194,24 @@ def router(
     run_router(settings, listed, host or settings.router.host, port or settings.router.port)
 
 
-def _bench(names: list[str], quick: bool) -> None:
+def _bench(names: list[str], quick: bool, full: bool = True) -> None:
+    """One JSON object per benchmark on stdout (``full=False``: only its flat ``summary``)."""
     import json
 
     from foretoken.bench.run import run
 
     for report in run(names, quick):
-        print(json.dumps(report))
+        if full:
+            print(json.dumps(report))
+        else:
+            summary = report["result"].get("summary")
+            print(json.dumps({"benchmark": report["benchmark"], "quick": quick,
+                              "summary": summary}))  # fmt: skip
+
+
+JsonOpt = typer.Option(
+    True, "--json/--summary", help="The whole report as JSON (default), or only its summary."
+)
 
 
 @bench_app.command("all")
@@ -212,9 +223,13 @@ def bench_all(quick: bool = typer.Option(False, help="Small sizes, for a smoke r
 
 
 @bench_app.command("index")
-def bench_index(quick: bool = typer.Option(False, help="Small sizes, for a smoke run.")) -> None:
-    """Cache index: ingest rate, lookup latency, bytes per entry, against a naive baseline."""
-    _bench(["index"], quick)
+def bench_index(
+    quick: bool = typer.Option(False, help="1 M entries instead of 10 M, fewer queries."),
+    json_: bool = JsonOpt,
+) -> None:
+    """Cache index, native against the Python reference: ingest rate, lookup latency, hash
+    time, bytes per entry (flat ``summary``; instruction counts in the full run)."""
+    _bench(["index"], quick, json_)
 
 
 @app.command()
@@ -294,9 +309,13 @@ def bench_predict(quick: bool = typer.Option(False, help="A few hundred requests
 
 
 @bench_app.command("route")
-def bench_route(quick: bool = typer.Option(False, help="100 requests/s, short windows.")) -> None:
-    """Route service latency over HTTP at 500 requests/s (32k-token prompts, 16 workers)."""
-    _bench(["route"], quick)
+def bench_route(
+    quick: bool = typer.Option(False, help="100 and 500 requests/s, short windows."),
+    json_: bool = JsonOpt,
+) -> None:
+    """Route service: CPU per request in process (native and reference), latency over HTTP
+    up to 500 requests/s (32k-token prompts, 16 workers); flat ``summary``."""
+    _bench(["route"], quick, json_)
 
 
 @bench_app.command("lake")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 def _tier_load_costs() -> dict[str, float]:
@@ -31,6 +32,9 @@ class PredictorConfig:
     # The learner rule stands aside when more than 1/this of a prompt is cached elsewhere.
     learner_max_cached_share: int = 2
     seed: int = 0
+    # Where a candidate's queue is walked: "native" (foretoken_native, bit-identical to the
+    # Python walk, used for the fitted curves while it models the queue) or "python".
+    queue_walk: Literal["native", "python"] = "native"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.explore_fraction <= 1.0:
@@ -39,6 +43,8 @@ class PredictorConfig:
             raise ValueError("need 0 < min_retry_after_s <= max_retry_after_s")
         if self.overload_wait_s <= 0 or self.outstanding_max_age_s <= 0:
             raise ValueError("overload_wait_s and outstanding_max_age_s must be > 0")
+        if self.queue_walk not in ("native", "python"):
+            raise ValueError(f"queue_walk must be native or python, got {self.queue_walk!r}")
         if self.default_output_tokens < 1 or self.learner_max_cached_share < 1:
             raise ValueError("default_output_tokens and learner_max_cached_share must be >= 1")
         if min(self.decision_memory, self.conversation_memory) < 1:

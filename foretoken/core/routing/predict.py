@@ -51,8 +51,9 @@ def step_cost(fits: FitRegistry, worker: WorkerId) -> CurveStepCost:
     return _step_cost(fits.curve(worker), fits.step_cost(worker))
 
 
-def _step_cost(curve: PrefillCurve, step: StepCost) -> CurveStepCost:
-    return CurveStepCost(curve.cost_s, step.overhead_s, step.per_seq_s, _quadratic(curve))
+def _step_cost(curve: PrefillCurve, step: StepCost, native: bool = True) -> CurveStepCost:
+    quadratic = _quadratic(curve) if native else None
+    return CurveStepCost(curve.cost_s, step.overhead_s, step.per_seq_s, quadratic)
 
 
 # Prompt sizes at which a curve's cost must be n·(a + b·n) to the bit for the native walk.
@@ -84,7 +85,7 @@ class Predictions:
         known = self._costs.get(wid)
         if known is not None and known[0] is curve and known[1] is step:
             return known[2]
-        cost = _step_cost(curve, step)
+        cost = _step_cost(curve, step, self.config.queue_walk == "native")
         self._costs[wid] = (curve, step, cost)
         return cost
 
