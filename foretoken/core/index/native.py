@@ -7,8 +7,8 @@ Why this lives in the core: ``foretoken_native`` is a pure library, like numpy â
 clock, no threads; it computes on what it is given and returns values. The core's rule is
 about what a module *does* (no Kafka, HTTP, ZMQ, files, clock reads), and this module keeps
 it; ``make lint`` checks that nothing else in the package imports the extension directly
-(only this module and :mod:`foretoken.core.queue.native_walk`, plus the benchmarks, which
-measure it). The crate implements the same semantics as the Python reference
+(only this module and :mod:`foretoken.core.queue.native_walk`: an import-linter contract in
+``pyproject.toml``). The crate implements the same semantics as the Python reference
 (:class:`~foretoken.core.index.prefix.PrefixIndex`): content hash spec v2, the cross-tier
 rule with the same bound, the same counters; ``tests/contract`` runs both.
 
