@@ -218,13 +218,24 @@ def router(
     run_router(settings, listed, host or settings.router.host, port or settings.router.port)
 
 
-def _bench(names: list[str], quick: bool) -> None:
+def _bench(names: list[str], quick: bool, full: bool = True) -> None:
+    """One JSON object per benchmark on stdout (``full=False``: only its flat ``summary``)."""
     import json
 
     from foretoken.bench.run import run
 
     for report in run(names, quick):
-        print(json.dumps(report))
+        if full:
+            print(json.dumps(report))
+        else:
+            summary = report["result"].get("summary")
+            print(json.dumps({"benchmark": report["benchmark"], "quick": quick,
+                              "summary": summary}))  # fmt: skip
+
+
+JsonOpt = typer.Option(
+    True, "--json/--summary", help="The whole report as JSON (default), or only its summary."
+)
 
 
 @bench_app.command("all")
@@ -236,9 +247,13 @@ def bench_all(quick: bool = typer.Option(False, help="Small sizes, for a smoke r
 
 
 @bench_app.command("index")
-def bench_index(quick: bool = typer.Option(False, help="Small sizes, for a smoke run.")) -> None:
-    """Cache index: ingest rate, lookup latency, bytes per entry, against a naive baseline."""
-    _bench(["index"], quick)
+def bench_index(
+    quick: bool = typer.Option(False, help="1 M entries instead of 10 M, fewer queries."),
+    json_: bool = JsonOpt,
+) -> None:
+    """Cache index, native against the Python reference: ingest rate, lookup latency, hash
+    time, bytes per entry (flat ``summary``; instruction counts in the full run)."""
+    _bench(["index"], quick, json_)
 
 
 @app.command()
@@ -344,18 +359,23 @@ def bench_predict(
 
 @bench_app.command("route")
 def bench_route(
-    quick: bool = typer.Option(False, help="100 requests/s, short windows."),
+    quick: bool = typer.Option(False, help="100 and 500 requests/s, short windows."),
     replicas: int = typer.Option(1, help="2: one route replica against two, side by side."),
+    json_: bool = JsonOpt,
 ) -> None:
-    """Route service latency over HTTP at 500 requests/s (32k-token prompts, 16 workers)."""
+    """Route service: CPU per request in process (native and reference), latency over HTTP
+    up to 500 requests/s (32k-token prompts, 16 workers); flat ``summary``. ``--replicas 2``:
+    one route replica against two, side by side."""
     if replicas == 1:
-        _bench(["route"], quick)
+        _bench(["route"], quick, json_)
         return
     import json
 
     from foretoken.bench.run import run_one
 
-    print(json.dumps(run_one("route", quick, replicas=replicas)))
+    report = run_one("route", quick, replicas=replicas)
+    summary = {"benchmark": "route", "quick": quick, "summary": report["result"].get("summary")}
+    print(json.dumps(report if json_ else summary))
 
 
 @bench_app.command("lake")

@@ -18,6 +18,17 @@ while its agents consume outcomes and KV events, as in production.
 Baseline, in the same run and process: ``GET /healthz`` on the same worker at the same
 rate (the HTTP stack, the Faust web server and this client), in windows alternating with
 the route windows (A B A B); reported as the route's percentiles minus the baseline's.
+
+``in_process``: the same workers, cache and bodies on the processor's core in this process
+(:func:`~foretoken.adapters.http.route_page.answer_route`: decode, hash, index lookup, 16
+candidate predictions, decision, grant applied, answer encoded), requests at 500/s of
+virtual time with the engines' outcomes fed back as over HTTP; CPU of the route call alone,
+with the native backends (index, queue walk) and with the Python reference's.
+
+``summary`` (flat): ``route_cpu_ms_per_request`` (in process, native; the reference's beside
+it), ``p99_ms_at_500_rps`` (over HTTP; null when 500/s was not run or not sustained: fewer
+than 95% of the rate achieved, or any request not answered 200), ``max_sustained_rps``
+(the highest rate sustained with p99 ≤ ``SUSTAINED_P99_MS``), and per rate its p99.
 """
 
 from __future__ import annotations
@@ -70,8 +81,10 @@ DECODE_S = 0.5
 START_TIMEOUT_S = 120.0
 RID_PLACEHOLDER = "r" + "0" * 11
 RATES = (50.0, 100.0, 200.0, 500.0)
-QUICK_RATES = (50.0,)
+QUICK_RATES = (100.0, 500.0)
 TARGET_MS = 5.0
+TARGET_CPU_MS = 0.5
+SUSTAINED_P99_MS = 100.0  # a p99 above this is a queue that grows, not a latency
 SATURATED_P99_MS = 2000.0
 
 
@@ -347,6 +360,108 @@ def replay_vs_walk(depths: tuple[int, ...] = (4, 16, 64), calls: int = 200) -> d
     return out
 
 
+def in_process(backend: str, requests: int, rate: float = 500.0) -> dict[str, Any]:
+    """The route call on the processor's core in this process (``backend``: "native" for
+    the native index and queue walk, "python" for the Python reference's); CPU ms per
+    request (thread time of the call alone)."""
+    import dataclasses
+    import heapq
+
+    from foretoken.adapters.http.route_page import answer_route
+    from foretoken.compose import build_core
+    from foretoken.core.index.protocol import make_index
+    from foretoken.core.queue import native_walk
+
+    settings = load_settings()
+    predictor = dataclasses.replace(settings.predictor, queue_walk=backend)  # type: ignore[arg-type]
+    core = build_core(settings, index=make_index(backend), predictor=predictor)  # type: ignore[arg-type]
+    rng = random.Random(7)
+    docs = documents(rng)
+    t0 = 1_000_000.0
+    regs = {r.worker_id: r for r in registrations(t0)}
+    for reg in regs.values():
+        core.register(reg)
+    for batch in kv_batches(docs, t0):
+        core.index.apply(batch, t0)
+    bodies = body_templates(docs, rng, 64)
+    pending: list[tuple[float, int, Outcome]] = []
+    cpu: list[float] = []
+    admitted = 0
+    next_expire = t0
+    for i in range(requests):
+        now = t0 + i / rate
+        while pending and pending[0][0] <= now:
+            at, _, outcome = heapq.heappop(pending)
+            core.on_outcome(outcome, at)
+        if now >= next_expire:
+            core.expire(now)
+            next_expire = now + 1.0
+        body = bodies[i % len(bodies)].replace(RID_PLACEHOLDER.encode(), f"r{i:011d}".encode(), 1)
+        c0 = time.thread_time()
+        raw = answer_route(core, regs, body, now)
+        cpu.append(time.thread_time() - c0)
+        g = msgspec.json.decode(raw, type=RouteResponse).grant
+        if g.admitted and g.worker_id is not None:
+            admitted += 1
+            ttft = min(g.predicted_ttft_s or 0.0, MAX_TTFT_S)
+            first = Outcome(request_id=g.request_id, ts=now + ttft, kind="first_token",
+                            worker_id=g.worker_id, actual_ttft_s=ttft,
+                            engine_cached_tokens=g.cached_tokens)  # fmt: skip
+            done = Outcome(request_id=g.request_id, ts=now + ttft + DECODE_S,
+                           kind="completion", worker_id=g.worker_id, actual_ttft_s=ttft,
+                           output_tokens=16, e2e_s=ttft + DECODE_S)  # fmt: skip
+            heapq.heappush(pending, (now + ttft, 2 * i, first))
+            heapq.heappush(pending, (now + ttft + DECODE_S, 2 * i + 1, done))
+    warm = cpu[len(cpu) // 5 :]  # the queue models at their steady depth
+    ms = np.array(warm) * 1e3
+    return {
+        "backend": backend,
+        "native_walk": native_walk.MODELED and backend == "native",
+        "requests": requests,
+        "virtual_rate_rps": rate,
+        "admitted": admitted,
+        "cpu_ms_per_request_mean": round(float(ms.mean()), 4),
+        "cpu_ms_p50": round(float(np.percentile(ms, 50)), 4),
+        "cpu_ms_p99": round(float(np.percentile(ms, 99)), 4),
+    }
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """The flat figures: CPU per request (in process, native and reference), and over HTTP
+    the p99 at 500/s (null when not sustained) and the highest rate sustained."""
+    native, reference = result["in_process"]["native"], result["in_process"]["python"]
+    per_rate: dict[str, Any] = {}
+    sustained: list[float] = []
+    for step in result["steps"]:
+        route, rate = step["route"], step["rate_rps"]
+        answered = route["statuses"].get("admitted", 0) + route["statuses"].get("rejected", 0)
+        ok = (route["achieved_rps"] >= 0.95 * rate and answered == route["requests"]
+              and (route["p99_ms"] or 0.0) <= SUSTAINED_P99_MS)  # fmt: skip
+        if ok:
+            sustained.append(rate)
+        per_rate[f"{rate:g}"] = {
+            "p99_ms": route["p99_ms"],
+            "sustained": ok,
+            "worker_cpu_ms": step["worker_cpu_ms_per_route_request"],
+        }
+    at_500 = per_rate.get("500")
+    ratio = reference["cpu_ms_per_request_mean"] / native["cpu_ms_per_request_mean"]
+    return {
+        "route_cpu_ms_per_request": native["cpu_ms_per_request_mean"],
+        "route_cpu_ms_p99": native["cpu_ms_p99"],
+        "p99_ms_at_500_rps": at_500["p99_ms"] if at_500 and at_500["sustained"] else None,
+        "max_sustained_rps": max(sustained) if sustained else None,
+        "native_walk": native["native_walk"],
+        "by_rate": per_rate,
+        "reference": {
+            "route_cpu_ms_per_request": reference["cpu_ms_per_request_mean"],
+            "route_cpu_ms_p99": reference["cpu_ms_p99"],
+        },
+        "ratio": {"route_cpu_ms_per_request": round(ratio, 2)},
+        "target": {"route_cpu_ms_per_request": TARGET_CPU_MS, "p99_ms_at_500_rps": TARGET_MS},
+    }
+
+
 def run(quick: bool, *, rate: float | None = None, seconds: float | None = None,
         replicas: int = 1) -> dict[str, Any]:  # fmt: skip
     if replicas > 1:  # one route replica against two, side by side (route_replicas.py)
@@ -389,12 +504,16 @@ def run(quick: bool, *, rate: float | None = None, seconds: float | None = None,
         "window_s": seconds, "rounds": rounds, "documents": DOCUMENTS,
         "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
     }  # fmt: skip
-    return {
+    requests = 1500 if quick else 5000
+    out = {
         "setup": setup,
+        "in_process": {b: in_process(b, requests) for b in ("native", "python")},
         "replay_vs_walk": replay_vs_walk(),
         **result,
         "target": {"route_p99_ms_at_most": TARGET_MS, "at_rate_rps": 500.0},
     }
+    out["summary"] = summarize(out)
+    return out
 
 
 def main() -> None:
@@ -403,7 +522,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float)
     parser.add_argument("--seconds", type=float)
     parser.add_argument("--replicas", type=int, default=1, help="2: one replica against two")
+    parser.add_argument("--in-process", choices=["native", "python"], help="only that")
+    parser.add_argument("--requests", type=int, default=1500)
     args = parser.parse_args()
+    if args.in_process:
+        print(json.dumps(in_process(args.in_process, args.requests)))
+        return
     result = run(args.quick, rate=args.rate, seconds=args.seconds, replicas=args.replicas)
     print(json.dumps(result, indent=2))
 

@@ -1,6 +1,7 @@
-//! foretoken's native hot path: the chained own content hash (spec v2, [`hash`]) and the
+//! foretoken's native hot path: the chained own content hash (spec v2, [`hash`]), the
 //! multi-tier prefix index ([`index::Index`]), a port of the Python reference
-//! (`PrefixIndex`) with the cross-tier rule ([`recent`]). The PyO3 bindings live in `py`
+//! (`PrefixIndex`) with the cross-tier rule ([`recent`]), and the queue's recorded future
+//! with the walk of a new request through it ([`queue`]). The PyO3 bindings live in `py`
 //! (feature `python`, on by default; maturin builds the module `foretoken_native`).
 
 // `unsafe` is denied everywhere but in `prefetch`, whose one block carries its proof.
@@ -11,6 +12,7 @@ pub mod hash;
 pub mod index;
 pub mod lru;
 pub mod prefetch;
+pub mod queue;
 pub mod recent;
 pub mod snapshot;
 pub mod space;

@@ -347,7 +347,7 @@ impl Worker {
         // by then) names the own hash, whose table lines start loading.
         let n = hashes.len();
         for &engine in &hashes[..n.min(2 * AHEAD)] {
-            self.emap.prefetch(engine);
+            self.emap.prefetch_run(engine);
             self.recent.prefetch(engine);
         }
         for &engine in &hashes[..n.min(AHEAD)] {
@@ -357,7 +357,7 @@ impl Worker {
         }
         for (i, &engine) in hashes.iter().enumerate() {
             if let Some(&ahead) = hashes.get(i + 2 * AHEAD) {
-                self.emap.prefetch(ahead);
+                self.emap.prefetch_run(ahead);
                 self.recent.prefetch(ahead);
             }
             if let Some(own) = hashes.get(i + AHEAD).and_then(|&e| self.emap.get(e)) {

@@ -7,8 +7,8 @@ Why this lives in the core: ``foretoken_native`` is a pure library, like numpy â
 clock, no threads; it computes on what it is given and returns values. The core's rule is
 about what a module *does* (no Kafka, HTTP, ZMQ, files, clock reads), and this module keeps
 it; ``make lint`` checks that nothing else in the package imports the extension directly
-(only this module and :mod:`foretoken.core.queue.native_walk`, plus the benchmarks, which
-measure it). The crate implements the same semantics as the Python reference
+(only this module and :mod:`foretoken.core.queue.native_walk`: an import-linter contract in
+``pyproject.toml``). The crate implements the same semantics as the Python reference
 (:class:`~foretoken.core.index.prefix.PrefixIndex`): content hash spec v2, the cross-tier
 rule with the same bound, the same counters; ``tests/contract`` runs both.
 
@@ -34,6 +34,21 @@ if tuple(_native.APPLY_STATS_FIELDS) != ApplyStats.__struct_fields__:
         "foretoken_native is out of date (its counters differ from ApplyStats): "
         "rebuild it with `make setup` (pip install ./native)"
     )
+
+# Token ids as u32 LE in a contiguous array (the route path's np.frombuffer of the packed
+# ids) go to the crate as bytes: one copy, then its fast path (no conversion per block).
+_U32_LE = np.dtype("<u4")
+
+
+def _tokens(token_ids: object) -> object:
+    if (
+        type(token_ids) is np.ndarray
+        and token_ids.dtype == _U32_LE
+        and token_ids.flags.c_contiguous
+    ):
+        return token_ids.tobytes()
+    return token_ids
+
 
 # Equal hits are shared (CacheHit is frozen): building a dataclass costs more than a lookup.
 HIT_CACHE_SIZE = 4096
@@ -117,8 +132,9 @@ class NativeIndex:
         extra_keys: Sequence[str] = (),
     ) -> np.ndarray:
         owns: np.ndarray = self._core.hash_prompt(
-            model, block_size, token_ids, lora_name=lora_name, extra_keys=extra_keys or None
-        )
+            model, block_size, _tokens(token_ids), lora_name=lora_name,
+            extra_keys=extra_keys or None,
+        )  # fmt: skip
         return owns
 
     def lookup(
@@ -133,7 +149,7 @@ class NativeIndex:
     ) -> dict[WorkerId, CacheHit]:
         found = self._core.lookup(
             model,
-            token_ids,
+            _tokens(token_ids),
             own_hashes=own_hashes,
             lora_name=lora_name,
             extra_keys=extra_keys or None,

@@ -9,14 +9,18 @@ presented as done: it keeps at least one chunk.
 
 Predictions read the queue's recorded future (:class:`~foretoken.core.queue.future.Future`),
 replayed once per change of the estimate (or of the worker's cost curve) and shared by
-every request asked about in between.
+every request asked about in between. The replay and the walk run natively when the native
+walk models the cost and the queue (:mod:`foretoken.core.queue.native_walk`, bit-identical),
+else on the Python reference.
 """
 
 from __future__ import annotations
 
 from itertools import compress
 
+from foretoken.core.queue import native_walk
 from foretoken.core.queue.future import Future
+from foretoken.core.queue.native_walk import NativeFuture
 from foretoken.core.queue.scheduler import (
     _DECODING,
     _PREFILLING,
@@ -47,7 +51,7 @@ class InFlightEstimate:
         self._scheduler = _Scheduler(settings, retire=False, kv=kv)
         self._seqs: dict[object, _Seq] = {}
         self._version = 0  # bumped by every change of the simulation
-        self._future: Future | None = None
+        self._future: Future | NativeFuture | None = None
         self._future_version = -1
 
     @property
@@ -175,13 +179,15 @@ class InFlightEstimate:
         :meth:`advance`)."""
         return self.future(now_s, cost).drain_s(now_s)
 
-    def future(self, now_s: float, cost: StepCost) -> Future:
+    def future(self, now_s: float, cost: StepCost) -> Future | NativeFuture:
         """The queue's recorded future, replayed again only when the simulation or the
         cost changed since the last one."""
         future = self._future
         if future is None or self._future_version != self._version or future.cost != cost:
-            scheduler, tokens_ahead = self._replay_copy()
-            future = Future.record(scheduler, self.settings, now_s, cost, tokens_ahead)
+            future = native_walk.record_estimate(self._scheduler, self.settings, now_s, cost)
+            if future is None:  # a cost or a queue the native walk does not model
+                scheduler, tokens_ahead = self._replay_copy()
+                future = Future.record(scheduler, self.settings, now_s, cost, tokens_ahead)
             self._future, self._future_version = future, self._version
         return future
 

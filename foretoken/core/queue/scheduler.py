@@ -72,11 +72,16 @@ class StepCost(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class CurveStepCost:
-    """A :class:`StepCost` from a prefill curve ``C(N)`` in seconds (e.g. a fitted one)."""
+    """A :class:`StepCost` from a prefill curve ``C(N)`` in seconds (e.g. a fitted one).
+
+    ``quadratic`` = ``(a, b)`` states that ``prefill_s(n)`` is exactly ``n * (a + b * n)``
+    (``PrefillCurve.cost_s``): the native walk (:mod:`foretoken.core.queue.native_walk`)
+    then computes the same numbers itself. None: only the Python walk knows the curve."""
 
     prefill_s: Callable[[int], float]
     step_overhead_s: float = 0.0
     decode_s_per_seq: float = 0.0
+    quadratic: tuple[float, float] | None = None
 
     def chunk_s(self, start_token: int, end_token: int) -> float:
         return self.prefill_s(end_token) - self.prefill_s(start_token)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 def _tier_load_costs() -> dict[str, float]:
@@ -49,6 +50,9 @@ class PredictorConfig:
     # prompts hold this many step budgets of new tokens (0: one sample per large prompt).
     busy_chain_budgets: float = 1.0
     seed: int = 0
+    # Where a candidate's queue is walked: "native" (foretoken_native, bit-identical to the
+    # Python walk, used for the fitted curves while it models the queue) or "python".
+    queue_walk: Literal["native", "python"] = "native"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.explore_fraction <= 1.0:
@@ -61,6 +65,8 @@ class PredictorConfig:
             raise ValueError(
                 "overload_wait_s, outstanding_max_age_s and unconfirmed_decision_s must be > 0"
             )
+        if self.queue_walk not in ("native", "python"):
+            raise ValueError(f"queue_walk must be native or python, got {self.queue_walk!r}")
         if self.default_output_tokens < 1 or self.learner_max_cached_share < 1:
             raise ValueError("default_output_tokens and learner_max_cached_share must be >= 1")
         if min(self.decision_memory, self.conversation_memory) < 1:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foretoken.core.cost.fit import PrefillCurve, StepCost
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.index.protocol import Index
 from foretoken.core.index.state import CacheHit
@@ -28,6 +29,17 @@ from foretoken.core.types import (
 SLOWEST_FIRST: tuple[Tier, ...] = ("SHARED", "DISK", "CPU", "GPU")
 
 
+def deepest_tier(hit: CacheHit) -> Tier | None:
+    """The slowest tier the hit reads from (the first of ``SLOWEST_FIRST`` it holds)."""
+    if hit.shared_tokens:
+        return "SHARED"
+    if hit.disk_tokens:
+        return "DISK"
+    if hit.cpu_tokens:
+        return "CPU"
+    return "GPU" if hit.gpu_tokens else None
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     prediction: CandidatePrediction
@@ -36,9 +48,26 @@ class Candidate:
 
 def step_cost(fits: FitRegistry, worker: WorkerId) -> CurveStepCost:
     """The worker's learned cost of an engine step (prefill curve, overhead, decode)."""
-    curve = fits.curve(worker)
-    step = fits.step_cost(worker)
-    return CurveStepCost(curve.cost_s, step.overhead_s, step.per_seq_s)
+    return _step_cost(fits.curve(worker), fits.step_cost(worker))
+
+
+def _step_cost(curve: PrefillCurve, step: StepCost, native: bool = True) -> CurveStepCost:
+    quadratic = _quadratic(curve) if native else None
+    return CurveStepCost(curve.cost_s, step.overhead_s, step.per_seq_s, quadratic)
+
+
+# Prompt sizes at which a curve's cost must be n·(a + b·n) to the bit for the native walk.
+_PROBES = (1, 16, 1000, 8192, 131_072)
+
+
+def _quadratic(curve: PrefillCurve) -> tuple[float, float] | None:
+    """``(a, b)`` when ``curve.cost_s(n)`` is ``n·(a + b·n)``, as the native queue walk
+    computes it (:mod:`foretoken.core.queue.native_walk`); None for a curve that is not (a
+    curve model with another term is walked by the Python reference)."""
+    a, b = curve.a, curve.b
+    if type(curve) is not PrefillCurve or any(curve.cost_s(n) != n * (a + b * n) for n in _PROBES):
+        return None
+    return (a, b)
 
 
 class Predictions:
@@ -48,6 +77,17 @@ class Predictions:
         self, index: Index, fits: FitRegistry, book: WorkerBook, config: PredictorConfig
     ) -> None:
         self.index, self.fits, self.book, self.config = index, fits, book, config
+        # per worker: the step cost built for its current (curve, step) fit values
+        self._costs: dict[WorkerId, tuple[PrefillCurve, StepCost, CurveStepCost]] = {}
+
+    def _cost(self, wid: WorkerId, curve: PrefillCurve) -> CurveStepCost:
+        step = self.fits.step_cost(wid)
+        known = self._costs.get(wid)
+        if known is not None and known[0] is curve and known[1] is step:
+            return known[2]
+        cost = _step_cost(curve, step, self.config.queue_walk == "native")
+        self._costs[wid] = (curve, step, cost)
+        return cost
 
     def candidates(
         self,
@@ -70,15 +110,19 @@ class Predictions:
         self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float, out: int
     ) -> Candidate:
         wid = profile.worker_id
-        cached = min(hit.tokens, n) if hit is not None else 0
-        tiers = hit.by_tier() if hit is not None else {}
-        load_costs = self.config.tier_load_s_per_token
-        load_s = sum(load_costs.get(t, 0.0) * tiers.get(t, 0) for t in LOWER_TIERS)
-        deepest = next((t for t in SLOWEST_FIRST if tiers.get(t)), None)
+        load_s, deepest, cached = 0.0, None, 0
+        if hit is not None:
+            cached = min(hit.tokens, n)
+            if hit.cpu_tokens or hit.disk_tokens or hit.shared_tokens:
+                tiers = hit.by_tier()
+                load_costs = self.config.tier_load_s_per_token
+                load_s = sum(load_costs.get(t, 0.0) * tiers.get(t, 0) for t in LOWER_TIERS)
+            deepest = deepest_tier(hit)
+        curve = self.fits.curve(wid)
         result = self.book.queues[wid].predict(
-            NewRequest(n, cached, out), now_s, step_cost(self.fits, wid)
+            NewRequest(n, cached, out), now_s, self._cost(wid, curve)
         )
-        prefill = self.fits.curve(wid).own_prefill_s(n, cached) + load_s
+        prefill = curve.own_prefill_s(n, cached) + load_s
         ttft = max(result.ttft_s + load_s, prefill)
         prediction = CandidatePrediction(
             worker_id=wid, predicted_ttft_s=ttft, queue_wait_s=max(0.0, ttft - prefill),

@@ -1,0 +1,242 @@
+"""The queue's recorded future, replayed and walked in Rust (``foretoken_native.QueueFuture``,
+``native/src/queue.rs``): the same steps, the same floating-point operations in the same
+order as :class:`~foretoken.core.queue.future.Future` over the scheduler of
+:mod:`foretoken.core.queue.scheduler`, so the predictions are bit-identical
+(``tests/unit/core/queue/test_native_walk.py``).
+
+The seam stays the Python interface: a cost is walked natively only when it says it is the
+quadratic prefill curve ``C(N) = N·(a + b·N)`` plus step overhead and per-sequence decode
+(:attr:`~foretoken.core.queue.scheduler.CurveStepCost.quadratic`, set for the fitted curves
+by :func:`foretoken.core.routing.predict.step_cost`); any other cost model (a colleague's new
+one, a test's lambda) is replayed and walked by the Python reference, and so is every
+walk once the Python queue model has anything the port does not know (:data:`MODELED`).
+Pure like the index wrapper (:mod:`foretoken.core.index.native`): the extension does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields
+from itertools import compress
+from operator import itemgetter
+from typing import Any
+
+from foretoken.core.queue.scheduler import (
+    MIN_OUTPUT_TOKENS_LEFT,
+    CurveStepCost,
+    NewRequest,
+    QueuePrediction,
+    StepCost,
+    Stretch,
+    _Scheduler,
+    _Seq,
+)
+from foretoken.core.types import SchedulerSettings
+
+try:
+    import foretoken_native as _native
+except ImportError:  # pragma: no cover - the build installs it; the Python walk remains
+    _native = None
+
+# (computed, end, output tokens left, admission order) of a partial prefill; (order, step
+# of its last token) of a decoder; (computed, end, output tokens left) of a waiting one.
+Prefilling = tuple[int, int, int, int]
+Decoder = tuple[int, int]
+Waiting = tuple[int, int, int]
+
+# What the port models: the Python queue model's settings, step cost, sequence and scheduler
+# state as they were when native/src/queue.rs was written. When the Python model gains
+# anything (a setting, a cost term, a field of a sequence or of the scheduler), MODELED is
+# False and every walk runs on the Python reference until the port is brought level (and
+# tests/unit/core/queue/test_native_walk.py says so).
+PORTED = {
+    "settings": frozenset(
+        {"max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
+         "chunked_prefill"}
+    ),
+    "cost": frozenset({"prefill_s", "step_overhead_s", "decode_s_per_seq", "quadratic"}),
+    "seq": frozenset({"computed", "end", "expected", "first", "key", "left", "order", "seen",
+                      "where"}),
+    "scheduler": frozenset(
+        {"budget", "max_seqs", "chunked", "cap", "retire", "prefilling", "dec_orders",
+         "dec_done", "dec_seqs", "waiting", "free_at_s", "steps", "next_order", "record"}
+    ),
+}  # fmt: skip
+
+
+def python_model() -> dict[str, frozenset[str]]:
+    """The same names, read off the Python queue model as it is now."""
+    return {
+        "settings": frozenset(SchedulerSettings.__struct_fields__),
+        "cost": frozenset(f.name for f in fields(CurveStepCost)),
+        "seq": frozenset(_Seq.__slots__),
+        "scheduler": frozenset(vars(_Scheduler(SchedulerSettings(), retire=False))),
+    }
+
+
+MODELED: bool = _native is not None and python_model() == PORTED
+
+
+def coefficients(cost: StepCost) -> tuple[float, float, float, float] | None:
+    """``(a, b, step overhead, decode per sequence)`` when the native walk may take
+    ``cost`` (a :class:`CurveStepCost` marked quadratic, a model the port knows), else None."""
+    if not MODELED or type(cost) is not CurveStepCost or cost.quadratic is None:
+        return None
+    a, b = cost.quadratic
+    return (a, b, cost.step_overhead_s, cost.decode_s_per_seq)
+
+
+def record_estimate(
+    source: _Scheduler, settings: SchedulerSettings, now_s: float, cost: StepCost
+) -> NativeFuture | None:
+    """The recorded future of an in-flight estimate's scheduler (``source``, ``retire=False``),
+    replayed natively; None when the native walk does not model ``cost`` (or the queue
+    model), and the caller replays it in Python.
+
+    The hand-over is ``InFlightEstimate._replay_copy`` as plain tuples: a running sequence
+    without a first token keeps its last chunk and all its output; decoders whose first
+    token was not seen yet prefill again (the estimate ran ahead of the engine); decoders
+    that outlived their estimate have one token left."""
+    quadratic = coefficients(cost)
+    if quadratic is None:
+        return None
+    min_chunk = source.min_chunk
+    prefilling = [(min(s.computed, s.end - min_chunk(s)), s.end, s.expected, s.order)
+                  for s in source.prefilling]  # fmt: skip
+    orders, done = source.dec_orders, source.dec_done
+    seen = [s.seen for s in source.dec_seqs]
+    if not all(seen):
+        prefilling += [(min(s.computed, s.end - min_chunk(s)), s.end, s.expected, s.order)
+                       for s in source.dec_seqs if not s.seen]  # fmt: skip
+        prefilling.sort(key=_ORDER)
+        orders, done = list(compress(orders, seen)), list(compress(done, seen))
+    base = source.steps
+    if done and min(done) < base + MIN_OUTPUT_TOKENS_LEFT:
+        done = [max(d, base + MIN_OUTPUT_TOKENS_LEFT) for d in done]
+    waiting = [(s.computed, s.end, s.expected) for s in source.waiting]
+    tokens_ahead = sum(p[1] - p[0] for p in prefilling) + sum(w[1] - w[0] for w in waiting)
+    try:
+        return NativeFuture.record(
+            settings, cost, quadratic, free_at_s=source.free_at_s, steps=base,
+            next_order=source.next_order, prefilling=prefilling,
+            decoders=list(zip(orders, done, strict=True)), waiting=waiting, now_s=now_s,
+            tokens_ahead=tokens_ahead,
+        )  # fmt: skip
+    except OverflowError:  # step counts past 64 bits (a cost of ~0 s per step): Python's ints
+        return None
+
+
+_ORDER = itemgetter(3)
+
+
+def _settings(settings: SchedulerSettings) -> tuple[int, int, bool, int]:
+    return (
+        settings.max_num_batched_tokens,
+        settings.max_num_seqs,
+        settings.chunked_prefill,
+        settings.long_prefill_token_threshold,
+    )
+
+
+class NativeFuture:
+    """A :class:`~foretoken.core.queue.future.Future` recorded natively: the same
+    ``first_token`` / ``drain_s`` (and, materialized on demand, the same stretches)."""
+
+    __slots__ = ("_future", "cost", "settings")
+
+    def __init__(self, future: Any, settings: SchedulerSettings, cost: StepCost) -> None:
+        self._future, self.settings, self.cost = future, settings, cost
+
+    @classmethod
+    def record(
+        cls,
+        settings: SchedulerSettings,
+        cost: StepCost,
+        coefficients: tuple[float, float, float, float],
+        *,
+        free_at_s: float,
+        steps: int,
+        next_order: int,
+        prefilling: Sequence[Prefilling],
+        decoders: Sequence[Decoder],
+        waiting: Sequence[Waiting],
+        now_s: float,
+        tokens_ahead: int,
+    ) -> NativeFuture:
+        """Replay the queue (a replay of the future: sequences leave after their last
+        token) to its end from ``now_s`` or the end of its current step."""
+        assert _native is not None
+        future = _native.QueueFuture.record(
+            _settings(settings), coefficients, free_at_s, steps, next_order,
+            prefilling, decoders, waiting, now_s, tokens_ahead,
+        )  # fmt: skip
+        return cls(future, settings, cost)
+
+    @classmethod
+    def from_stretches(
+        cls,
+        settings: SchedulerSettings,
+        cost: StepCost,
+        coefficients: tuple[float, float, float, float],
+        *,
+        ready_s: float,
+        start_s: float,
+        stretches: Sequence[Stretch],
+        end_s: float,
+        drained_s: float | None,
+        tokens_ahead: int,
+    ) -> NativeFuture:
+        """A native future over stretches recorded elsewhere (the Python replay's)."""
+        assert _native is not None
+        rows = [
+            (s.start_s, s.steps, s.per_step_s, list(s.chunks), s.budget_left, s.running,
+             s.waiting)
+            for s in stretches
+        ]  # fmt: skip
+        future = _native.QueueFuture.from_stretches(
+            _settings(settings), coefficients, ready_s, start_s, rows, end_s, drained_s,
+            tokens_ahead,
+        )  # fmt: skip
+        return cls(future, settings, cost)
+
+    def first_token(self, new_request: NewRequest, now_s: float) -> QueuePrediction:
+        wait, prefill, ttft, steps, ahead = self._future.first_token(
+            new_request.prompt_tokens, new_request.cached_tokens, now_s
+        )
+        return QueuePrediction(wait, prefill, ttft, steps, ahead)
+
+    def drain_s(self, now_s: float) -> float:
+        drain: float = self._future.drain_s(now_s)
+        return drain
+
+    @property
+    def ready_s(self) -> float:
+        value: float = self._future.ready_s
+        return value
+
+    @property
+    def start_s(self) -> float:
+        value: float = self._future.start_s
+        return value
+
+    @property
+    def end_s(self) -> float:
+        value: float = self._future.end_s
+        return value
+
+    @property
+    def drained_s(self) -> float | None:
+        value: float | None = self._future.drained_s
+        return value
+
+    @property
+    def tokens_ahead(self) -> int:
+        value: int = self._future.tokens_ahead
+        return value
+
+    @property
+    def stretches(self) -> tuple[Stretch, ...]:
+        return tuple(
+            Stretch(start, steps, per, tuple(map(tuple, chunks)), left, running, waiting)
+            for start, steps, per, chunks, left, running, waiting in self._future.stretches()
+        )
