@@ -105,7 +105,6 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
     @app.page("/v1/route")
     class RoutePage(View):
         async def post(self, request: Request) -> Response:
-            raw = await request.read()
             try:
                 route = await read_route_request(_aiohttp(request), state.settings.route)
             except RouteRequestError as exc:
