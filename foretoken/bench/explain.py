@@ -32,6 +32,7 @@ import numpy as np
 
 from foretoken.bench.accuracy import SEED, cell_inputs, prepare
 from foretoken.core.queue.future import Future
+from foretoken.core.queue.native_walk import NativeFuture
 from foretoken.core.queue.scheduler import NewRequest, prefill_span
 from foretoken.core.routing.predict import step_cost
 from foretoken.core.types import RequestId, WorkerId
@@ -56,7 +57,11 @@ def _add(p: dict[str, float], st: Any, j: int, over: float, chunk_s: Any) -> Non
 
 
 def predicted_parts(
-    fut: Future, prompt_tokens: int, cached_tokens: int, now_s: float, output_tokens: int = 1
+    fut: Future | NativeFuture,
+    prompt_tokens: int,
+    cached_tokens: int,
+    now_s: float,
+    output_tokens: int = 1,
 ) -> dict:
     """:meth:`Future.first_token`'s walk, split into its parts (module doc)."""
     settings, cost = fut.settings, fut.cost

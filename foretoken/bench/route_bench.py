@@ -367,10 +367,11 @@ def in_process(backend: str, requests: int, rate: float = 500.0) -> dict[str, An
     import dataclasses
     import heapq
 
-    from foretoken.adapters.http.route_page import answer_route
+    from foretoken.adapters.http.route_page import answer_route, limits_of
     from foretoken.compose import build_core
     from foretoken.core.index.protocol import make_index
     from foretoken.core.queue import native_walk
+    from foretoken.wire.route_rpc import decode_route_request
 
     settings = load_settings()
     predictor = dataclasses.replace(settings.predictor, queue_walk=backend)  # type: ignore[arg-type]
@@ -384,6 +385,8 @@ def in_process(backend: str, requests: int, rate: float = 500.0) -> dict[str, An
     for batch in kv_batches(docs, t0):
         core.index.apply(batch, t0)
     bodies = body_templates(docs, rng, 64)
+    limits = limits_of(settings.route)  # decoded as the route service does, in the timing
+    limits = limits_of(settings.route)  # decoded as the route service does, in the timing
     pending: list[tuple[float, int, Outcome]] = []
     cpu: list[float] = []
     admitted = 0
@@ -398,7 +401,7 @@ def in_process(backend: str, requests: int, rate: float = 500.0) -> dict[str, An
             next_expire = now + 1.0
         body = bodies[i % len(bodies)].replace(RID_PLACEHOLDER.encode(), f"r{i:011d}".encode(), 1)
         c0 = time.thread_time()
-        raw = answer_route(core, regs, body, now)
+        raw = answer_route(core, regs, decode_route_request(body, limits), now)
         cpu.append(time.thread_time() - c0)
         g = msgspec.json.decode(raw, type=RouteResponse).grant
         if g.admitted and g.worker_id is not None:
