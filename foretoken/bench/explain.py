@@ -32,7 +32,6 @@ import numpy as np
 
 from foretoken.bench.accuracy import SEED, cell_inputs, prepare
 from foretoken.core.queue.future import Future
-from foretoken.core.queue.native_walk import NativeFuture
 from foretoken.core.queue.scheduler import NewRequest, prefill_span
 from foretoken.core.routing.predict import step_cost
 from foretoken.core.types import RequestId, WorkerId
@@ -57,7 +56,7 @@ def _add(p: dict[str, float], st: Any, j: int, over: float, chunk_s: Any) -> Non
 
 
 def predicted_parts(
-    fut: Future | NativeFuture,
+    fut: Future,
     prompt_tokens: int,
     cached_tokens: int,
     now_s: float,
@@ -126,6 +125,9 @@ class Decomposer:
             if self.current is not None:
                 wid = profile.worker_id
                 fut = preds.book.queues[wid]._estimate.future(now_s, step_cost(preds.fits, wid))
+                # the Python walk: its parts are what this view splits (the native walk
+                # is only taken when it models the same queue, and gives the same total)
+                assert isinstance(fut, Future), "explain runs with predictor.queue_walk=python"
                 parts = predicted_parts(fut, n, cand.cached_tokens, now_s, out)
                 pred = cand.prediction
                 parts["own"] = preds.fits.curve(wid).own_prefill_s(n, cand.cached_tokens)
