@@ -13,7 +13,7 @@ CARGO := cd native && PYO3_PYTHON=$(abspath $(BIN)/python) cargo
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
 	$(wildcard native/src/*.rs)
 
-.PHONY: setup llama aiperf test unit lint demo bench clean kafka-up kafka-down native-test
+.PHONY: setup llama aiperf test test-suites unit lint demo bench clean kafka-up kafka-down native-test
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) (Python >= 3.11) is needed"; exit 1; }
@@ -49,12 +49,16 @@ $(AIPERF_STAMP):
 aiperf: $(AIPERF_STAMP)
 
 # Unit and integration suites; starts a broker when none answers and stops what it started.
-# A llama-cpp-python build, when needed, starts in the background first; the llama.cpp
-# integration test (run last) waits for it.
+# The broker starts before anything else competes for the CPU; a llama-cpp-python build, when
+# needed, then starts in the background (niced) and the llama.cpp integration test (run last)
+# waits for it.
 test: setup aiperf
+	@foretoken/ops/with-kafka.sh $(MAKE) --no-print-directory test-suites
+
+test-suites:
 	@$(BIN)/python -m foretoken.ops.llama_wheel --background
 	$(CARGO) test -q --no-default-features
-	@foretoken/ops/with-kafka.sh $(BIN)/pytest -q -p no:cacheprovider tests native/tests
+	$(BIN)/pytest -q -p no:cacheprovider tests native/tests
 
 unit: setup
 	$(BIN)/pytest -q -m "not integration" tests native/tests

@@ -61,7 +61,7 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True):
     external: bool = False
     kafka_version: str = "4.1.1"
     heap: str = "-Xms256m -Xmx512m"
-    start_timeout_s: float = 90.0
+    start_timeout_s: float = 240.0
     # Every service waits this long at start for its topics to exist and have leaders
     # (streams/readiness.py), then stops with an error naming what it waited for.
     startup_timeout_s: float = 60.0

@@ -232,9 +232,10 @@ def _wait_ready(layout: Layout, settings: Settings) -> None:
             tail = layout.log_file.read_text(errors="replace")[-3000:]
             raise KafkaError(f"the Kafka broker exited during start-up; its log ends:\n{tail}")
         time.sleep(POLL_S)
+    tail = layout.log_file.read_text(errors="replace")[-4000:] if layout.log_file.exists() else ""
     raise KafkaError(
         f"the Kafka broker did not accept connections within {settings.kafka.start_timeout_s} s "
-        f"(log: {layout.log_file})"
+        f"(log: {layout.log_file}); its log ends:\n{tail}"
     )
 
 
