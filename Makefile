@@ -13,7 +13,7 @@ CARGO := cd native && PYO3_PYTHON=$(abspath $(BIN)/python) cargo
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
 	$(wildcard native/src/*.rs)
 
-.PHONY: setup llama test unit lint demo bench clean kafka-up kafka-down native-test
+.PHONY: setup llama aiperf test unit lint demo bench clean kafka-up kafka-down native-test
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) (Python >= 3.11) is needed"; exit 1; }
@@ -35,10 +35,23 @@ setup: $(STAMP) $(NATIVE_STAMP)
 llama: setup
 	$(BIN)/python -m foretoken.ops.llama_wheel
 
+# NVIDIA aiperf (a benchmark tool, from PyPI) in a venv of its own: its pins (click, rich,
+# pandas) clash with faust's. `foretoken bench aiperf` and one integration test use it.
+AIPERF_VERSION := 0.13.0
+AIPERF_VENV := .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(AIPERF_VERSION)
+$(AIPERF_STAMP):
+	$(PY) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q --upgrade pip
+	$(AIPERF_VENV)/bin/pip install -q aiperf==$(AIPERF_VERSION)
+	@touch $(AIPERF_STAMP)
+
+aiperf: $(AIPERF_STAMP)
+
 # Unit and integration suites; starts a broker when none answers and stops what it started.
 # A llama-cpp-python build, when needed, starts in the background first; the llama.cpp
 # integration test (run last) waits for it.
-test: setup
+test: setup aiperf
 	@$(BIN)/python -m foretoken.ops.llama_wheel --background
 	$(CARGO) test -q --no-default-features
 	@foretoken/ops/with-kafka.sh $(BIN)/pytest -q -p no:cacheprovider tests native/tests
@@ -65,7 +78,7 @@ demo: setup
 	$(if $(filter llama,$(ENGINES)),$(MAKE) llama)
 	$(BIN)/foretoken demo --engines $(ENGINES)
 
-bench: setup llama
+bench: setup llama aiperf
 	@foretoken/ops/with-kafka.sh $(BIN)/foretoken bench all
 
 kafka-up: setup

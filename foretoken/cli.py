@@ -108,11 +108,26 @@ def topics_create(config: str | None = ConfigOpt) -> None:
 
 
 @app.command()
-def worker(config: str | None = ConfigOpt) -> None:
+def worker(
+    config: str | None = ConfigOpt,
+    role: str | None = typer.Option(
+        None,
+        help="primary (default: grading, lake, snapshots) or route (a read replica "
+        "answering /v1/route); else worker.role / FORETOKEN_ROLE.",
+    ),
+) -> None:
     """Run the Faust worker (agents over every input topic, /healthz, /metrics)."""
+    import msgspec
+
     from foretoken.adapters.kafka.app import run_worker
 
     settings = _settings(config)
+    if role is not None:
+        if role not in ("primary", "route"):
+            console.print(f"[red]error:[/red] --role must be primary or route, not {role!r}")
+            raise typer.Exit(2)
+        worker_settings = msgspec.structs.replace(settings.worker, role=role)
+        settings = msgspec.structs.replace(settings, worker=worker_settings)
     sys.argv = [sys.argv[0]]  # Faust's worker reads argv; ours is already parsed
     run_worker(settings)
 
@@ -120,20 +135,29 @@ def worker(config: str | None = ConfigOpt) -> None:
 @app.command()
 def ingest(
     engines: str = typer.Option(..., "--engines", "-e", help="Engines config file (TOML)."),
-    metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this port (0: off)."),
+    host: str | None = typer.Option(None, help="Address of /healthz and /metrics (settings)."),
+    port: int | None = typer.Option(None, help="Port of /healthz and /metrics; 0: none."),
     config: str | None = ConfigOpt,
 ) -> None:
     """Engines' ZMQ KV events → normalized batches on kv-events; engines → workers."""
+    import msgspec
+
     from foretoken.adapters.engines.engines_file import EnginesConfigError, load_engines
     from foretoken.adapters.engines.ingest import run_ingest
 
     settings = _settings(config)
+    page = {"host": host or settings.ingest.host}
+    if port is not None:
+        page["port"] = port  # type: ignore[assignment]
+    settings = msgspec.structs.replace(
+        settings, ingest=msgspec.structs.replace(settings.ingest, **page)
+    )
     try:
         listed = load_engines(engines)
     except EnginesConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    run_ingest(settings, listed, metrics_port or None)
+    run_ingest(settings, listed)
 
 
 @fleet_app.command("run")
@@ -303,19 +327,55 @@ def load(
 
 
 @bench_app.command("predict")
-def bench_predict(quick: bool = typer.Option(False, help="A few hundred requests.")) -> None:
-    """Prediction accuracy and routing quality against baselines, on the Mooncake trace."""
-    _bench(["predict"], quick)
+def bench_predict(
+    quick: bool = typer.Option(False, help="A few hundred requests (with --matrix: ≤ 10 min)."),
+    trace: str | None = typer.Option(None, help="A shipped or generated trace, or a file."),
+    fleet: str | None = typer.Option(None, help="A shipped fleet, random-SEED, or a file."),
+    loads: str = typer.Option("0.8,1.0,1.3", help="× the calibrated capacity."),
+    load: float | None = typer.Option(None, help="One load (--explain)."),
+    limit: int | None = typer.Option(None, help="Requests per cell."),
+    seed: int = typer.Option(0, help="Seed of the generated workloads."),
+    matrix: bool = typer.Option(False, help="Every trace × fleet × load (issue 15)."),
+    jobs: int = typer.Option(2, help="Parallel processes."),
+    explain: bool = typer.Option(False, help="Split each prediction's error into its parts."),
+    json_path: str | None = typer.Option(None, "--json", help="Write the JSON here."),
+) -> None:
+    """Prediction accuracy against baselines: the Mooncake benchmark (no options), one
+    trace × fleet at several loads (--trace/--fleet), the matrix (--matrix) or the error
+    decomposition (--explain)."""
+    from foretoken.bench.predict_cli import predict_command
+
+    if not (trace or fleet or matrix or explain):
+        _bench(["predict"], quick)
+        return
+    try:
+        predict_command(quick=quick, trace=trace, fleet=fleet, loads=loads, load=load,
+                        limit=limit, seed=seed, matrix=matrix, jobs=jobs, explain=explain,
+                        json_path=json_path)  # fmt: skip
+    except (ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
 
 
 @bench_app.command("route")
 def bench_route(
     quick: bool = typer.Option(False, help="100 and 500 requests/s, short windows."),
+    replicas: int = typer.Option(1, help="2: one route replica against two, side by side."),
     json_: bool = JsonOpt,
 ) -> None:
     """Route service: CPU per request in process (native and reference), latency over HTTP
-    up to 500 requests/s (32k-token prompts, 16 workers); flat ``summary``."""
-    _bench(["route"], quick, json_)
+    up to 500 requests/s (32k-token prompts, 16 workers); flat ``summary``. ``--replicas 2``:
+    one route replica against two, side by side."""
+    if replicas == 1:
+        _bench(["route"], quick, json_)
+        return
+    import json
+
+    from foretoken.bench.run import run_one
+
+    report = run_one("route", quick, replicas=replicas)
+    summary = {"benchmark": "route", "quick": quick, "summary": report["result"].get("summary")}
+    print(json.dumps(report if json_ else summary))
 
 
 @bench_app.command("lake")
@@ -328,6 +388,13 @@ def bench_lake(quick: bool = typer.Option(False, help="1 M rows instead of 10 M.
 def bench_router(quick: bool = typer.Option(False, help="Short windows, lower rate.")) -> None:
     """Router's added latency vs calling the engines directly, and no grant lost, under load."""
     _bench(["router"], quick)
+
+
+@bench_app.command("aiperf")
+def bench_aiperf(quick: bool = typer.Option(False, help="60 requests instead of 200.")) -> None:
+    """NVIDIA aiperf through the router on the engine stub (`make aiperf` installs it): its
+    TTFT next to the router's own."""
+    _bench(["aiperf"], quick)
 
 
 @bench_app.command("approx")
@@ -446,16 +513,19 @@ def sql(
 def dashboard(
     lake: str = typer.Option(..., help="The grading lake directory."),
     port: int = typer.Option(8501, help="Port of the dashboard."),
+    host: str | None = typer.Option(None, help="Listen address (default: dashboard.host)."),
     refresh_s: float = typer.Option(0.0, help="Auto-refresh every N seconds (0: off)."),
+    config: str | None = ConfigOpt,
 ) -> None:
     """The Streamlit dashboard over a grading lake."""
     import os
 
     from foretoken.adapters.dashboard import APP_PATH as app_path
 
+    address = host or _settings(config).dashboard.host  # Streamlit binds every interface else
     args = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless",
-            "true", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-            "--", "--lake", lake]  # fmt: skip
+            "true", "--server.address", address, "--server.port", str(port),
+            "--browser.gatherUsageStats", "false", "--", "--lake", lake]  # fmt: skip
     if refresh_s:
         args += ["--refresh-s", str(refresh_s)]
     os.execv(sys.executable, args)

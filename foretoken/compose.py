@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.grading.join import GradingJoin, JoinConfig
 from foretoken.core.index.approx import ApproxCacheConfig, index_params
@@ -60,6 +62,19 @@ class ProcessorCore:
                 )  # fmt: skip
         self.service.on_registration(profile)
 
+    def use_index(self, index: Index) -> None:
+        """Another index from now on (a route replica re-reading the latest snapshot)."""
+        self.index = index
+        self.service.use_index(index)
+
+    def forget_worker(self, worker: WorkerId) -> None:
+        """A worker of a model this process no longer owns (sharded): out of the directory
+        and the route service's book; its fits stay (they are small, and come back)."""
+        self.directory.pop(worker, None)
+        profile = self.service.book.profiles.get(worker)
+        if profile is not None:
+            self.service.book.apply(msgspec.structs.replace(profile, removed=True))
+
     def block_size_of(self, worker: WorkerId) -> int | None:
         profile = self.directory.get(worker)
         return profile.block_size if profile is not None else None
@@ -90,6 +105,19 @@ def approx_config(settings: Settings) -> ApproxCacheConfig:
     return ApproxCacheConfig(worker.approx_cache_ttl_s, worker.approx_cache_default_tokens)
 
 
+def control_settings(
+    settings: Settings, controls: ControlSettings | None = None
+) -> ControlSettings:
+    """The controls' settings with the pending horizon capped at the router's engine timeout:
+    by then the router has ended every request it sent, so an outcome that has not come is
+    lost (``ControlSettings.pending_horizon_s``)."""
+    base = controls or settings.controls
+    cap = min(base.pending_max_age_s, settings.router.engine_timeout_s)
+    return msgspec.structs.replace(
+        base, pending_max_age_s=cap, pending_horizon_min_s=min(base.pending_horizon_min_s, cap)
+    )
+
+
 def build_core(
     settings: Settings,
     *,
@@ -103,7 +131,7 @@ def build_core(
     ``predictor`` and ``controls`` override the settings' (a replay's seed, classes), and
     ``with_controls=False`` runs without the latency controls."""
     index = index if index is not None else settings.index.make()
-    latency = LatencyControls(controls or settings.controls) if with_controls else None
+    latency = LatencyControls(control_settings(settings, controls)) if with_controls else None
     service = RouteService(
         index, FitRegistry(settings.fits), predictor or settings.predictor, latency
     )

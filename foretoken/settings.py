@@ -47,6 +47,8 @@ __all__ = [
 GENERIC_ENV_PREFIX = "FORETOKEN__"
 # What a route call holds besides the packed prompt (ids, bound, class...), at most.
 ROUTE_ENVELOPE_BYTES = 64 * 1024
+# A kv-events record's envelope and key next to its value (aiokafka counts both).
+RECORD_OVERHEAD_BYTES = 16 * 1024
 
 
 class SettingsError(ValueError):
@@ -63,6 +65,9 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Every service waits this long at start for its topics to exist and have leaders
     # (streams/readiness.py), then stops with an error naming what it waited for.
     startup_timeout_s: float = 60.0
+    # The producers' largest request (aiokafka max_request_size; the broker's default
+    # message.max.bytes is about the same): a bigger record is refused at send time.
+    max_request_bytes: int = 1_048_576
 
 
 class TopicNames(msgspec.Struct, kw_only=True, frozen=True):
@@ -73,17 +78,24 @@ class TopicNames(msgspec.Struct, kw_only=True, frozen=True):
     graded: str = "graded"
     dead_letter: str = "dead-letter"
     controls: str = "controls"
+    # Who runs where (compacted, keyed by instance id): each processor's role, URL, owned
+    # partitions and readiness (adapters/kafka/members.py); routers may discover from it.
+    members: str = "members"
 
 
 class TopicLayout(msgspec.Struct, kw_only=True, frozen=True):
     partitions: int = 4
     replication_factor: int = 1
     # Compacted topics keep the newest record per key forever (worker registrations).
-    compacted: tuple[str, ...] = ("workers",)
+    compacted: tuple[str, ...] = ("workers", "members")
     retention_ms: int = 24 * 3600 * 1000
 
 
 class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
+    # "primary": the processor (route service, grading join, lake sink, snapshots, controls
+    # events); "route": a read replica answering /v1/route from the same state, emitting
+    # nothing (docs/ARCHITECTURE.md "Scale-out").
+    role: Literal["primary", "route"] = "primary"
     app_id: str = "foretoken"
     web_host: str = "127.0.0.1"
     web_port: int = 6066
@@ -103,6 +115,28 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     # tokens per worker when its registration gives no gpu_blocks.
     approx_cache_ttl_s: float = 300.0
     approx_cache_default_tokens: int = 65_536
+    # This process among the members (its route replica's consumer group, its members
+    # record); empty = <host>-<web_port>.
+    instance_id: str = ""
+    # The URL others reach this processor at (members record, forwarding); empty =
+    # http://<web_host or 127.0.0.1>:<web_port>.
+    advertise_url: str = ""
+    # Where the primary writes its snapshots (index + offsets, fits) and route replicas
+    # read the latest one; empty = the primary's data directory (for a replica: the default
+    # one, <state_dir>/worker/<app_id>).
+    snapshot_dir: str = ""
+    # A route replica is ready (/healthz 200) once every input topic's lag (records between
+    # what it applied and the end of its partitions) is at most this.
+    ready_lag_records: int = 500
+    # Past readiness, it reports "lagging" (503) when the lag stays above the bound this long.
+    lagging_after_s: float = 10.0
+    # How often the lag (end offsets) is measured.
+    lag_interval_s: float = 0.5
+    # A replica replays grants and outcomes from this far back (Kafka offsets for times), so
+    # that the requests still in flight are in its queue models.
+    catch_up_horizon_s: float = 300.0
+    # The members record is refreshed this often; one older than 3 intervals is gone.
+    member_interval_s: float = 1.0
 
 
 class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -110,6 +144,14 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     port: int = 8000
     # The route service (on the Faust worker); empty = the worker's own web address.
     route_url: str = ""
+    # Several route services (read replicas, shards): each request goes to a ready one,
+    # fails over to the next within route_timeout_s, then to the fallback policy
+    # (adapters/http/route_client.py). Empty = route_url alone.
+    route_urls: tuple[str, ...] = ()
+    # Also discover route services from the members topic (role route, ready, alive).
+    route_members: bool = False
+    # How often each route service's /healthz is checked.
+    route_health_interval_s: float = 1.0
     # Past this the router decides alone (fallback policy) and marks the grant `fallback`.
     route_timeout_s: float = 0.25
     # After a failed route call, use the fallback for this long before asking again.
@@ -147,6 +189,71 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     tokenizers: dict[str, str] = {}
 
 
+class IngestSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """``foretoken ingest``: engines' ZMQ KV events to ``kv-events`` (adapters/engines)."""
+
+    # Its HTTP page (/healthz: every engine's listener; /metrics); port 0 = no page.
+    host: str = "127.0.0.1"
+    port: int = 6068
+    # ZMQ_MAXMSGSIZE of every SUB and replay socket: ZMQ drops a bigger message (and the
+    # connection it came on; the sequence gap is then repaired through replay, or reset).
+    max_message_bytes: int = 16 * 1024 * 1024
+    # ZMQ_RCVHWM: messages queued per socket before ZMQ drops (a gap, repaired or reset).
+    receive_hwm: int = 1000
+    # A kv-events record bigger than this is split into several records of the same seq
+    # (events, and the block hashes of one event, in order); below kafka.max_request_bytes.
+    max_record_bytes: int = 900 * 1024
+    # Payloads and batches bigger than this are decoded / encoded off the event loop.
+    offload_bytes: int = 256 * 1024
+    # An undecodable batch at the expected seq is taken as lost (not a reset); more than
+    # this many in a row (no decodable one between) reset the worker's index.
+    max_undecodable_run: int = 16
+    # How long the engine's replay socket may take per reply while a gap is repaired.
+    backfill_timeout_s: float = 2.0
+    # A disconnect that ZMQ does not follow with a reconnect attempt within this long (a
+    # protocol error, e.g. an oversized message) gets a new socket.
+    reconnect_grace_s: float = 1.0
+    # A listener that dies is restarted after this, doubling up to the max.
+    restart_backoff_s: float = 0.5
+    restart_backoff_max_s: float = 30.0
+
+
+class RouteSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """The route service (``POST /v1/route`` on the processor): who may call it, and the
+    limits its requests are decoded with (a violation is a 4xx naming the field)."""
+
+    # Shared token: when set, POST /v1/route and POST /v1/cache need it in header
+    # x-foretoken-route-token; the processor refuses to start on a web_host that is not
+    # loopback without one. The router sends it.
+    token: str = ""
+    # The longest prompt (token ids or prompt_tokens) a route request may carry.
+    max_prompt_tokens: int = 2_097_152
+    # expected_output_tokens (the request's max_tokens) within 1..this.
+    max_output_tokens: int = 1_048_576
+    # Largest body; 0 = derived from max_prompt_tokens (packed 32-bit ids, base64 in JSON).
+    max_body_bytes: int = 0
+    # The whole body must arrive within this long (else 408).
+    read_timeout_s: float = 10.0
+    # Bodies bigger than this are decoded off the event loop.
+    offload_bytes: int = 1_048_576
+
+    @property
+    def body_limit(self) -> int:
+        """The body size accepted: a prompt of ``max_prompt_tokens`` always fits."""
+        return self.max_body_bytes or derived_route_body_bytes(self.max_prompt_tokens)
+
+
+def derived_route_body_bytes(max_prompt_tokens: int) -> int:
+    """Packed ids take 4 bytes a token, 4/3 of that as base64 in JSON, plus the fields."""
+    return -(-16 * max_prompt_tokens // 3) + ROUTE_ENVELOPE_BYTES
+
+
+class DashboardSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """``foretoken dashboard`` (Streamlit)."""
+
+    host: str = "127.0.0.1"
+
+
 class LakeSettings(msgspec.Struct, kw_only=True, frozen=True):
     """The worker's sink of ``graded`` into the Parquet lake (``streams/lake_sink.py``)."""
 
@@ -172,6 +279,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     layout: TopicLayout = TopicLayout()
     worker: WorkerSettings = WorkerSettings()
     router: RouterSettings = RouterSettings()
+    route: RouteSettings = RouteSettings()
+    ingest: IngestSettings = IngestSettings()
+    dashboard: DashboardSettings = DashboardSettings()
     lake: LakeSettings = LakeSettings()
     controls: ControlSettings = ControlSettings()
     # The route service's decisions, the fits of the cost models, the grading join's timings.
@@ -184,6 +294,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     cache_dir: str = "~/.cache/foretoken"
     # Where the traces live (empty: the ones shipped in the repository, data/traces).
     traces_dir: str = ""
+    # "model": kv-events, grants, outcomes, graded and workers are partitioned by a stable
+    # hash of the model (the key stays the worker or request id), and route-role processors
+    # sharing one consumer group each own the models of their partitions.
+    sharding: Literal["none", "model"] = "none"
 
     def __post_init__(self) -> None:
         """Rules that span fields (each message names its keys)."""
@@ -214,9 +328,54 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
             )
         if self.layout.partitions < 1 or self.layout.replication_factor < 1:
             raise ValueError("layout.partitions and layout.replication_factor must be >= 1")
+        if w.ready_lag_records < 0 or min(w.lag_interval_s, w.member_interval_s) <= 0:
+            raise ValueError("worker.ready_lag_records must be >= 0, worker.lag_interval_s "
+                             "and worker.member_interval_s > 0")  # fmt: skip
+        if w.catch_up_horizon_s <= 0 or w.lagging_after_s <= 0:
+            raise ValueError("worker.catch_up_horizon_s and worker.lagging_after_s must be > 0")
+        if r.route_health_interval_s <= 0:
+            raise ValueError("router.route_health_interval_s must be > 0")
         unknown = set(self.layout.compacted) - set(self.topics.__struct_fields__)
         if unknown:
             raise ValueError(f"layout.compacted names unknown topics: {sorted(unknown)}")
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        i, route, kafka = self.ingest, self.route, self.kafka
+        if i.max_record_bytes + RECORD_OVERHEAD_BYTES > kafka.max_request_bytes:
+            raise ValueError(
+                f"ingest.max_record_bytes ({i.max_record_bytes}) + {RECORD_OVERHEAD_BYTES} must "
+                f"not exceed kafka.max_request_bytes ({kafka.max_request_bytes})"
+            )
+        if min(i.max_message_bytes, i.receive_hwm, i.offload_bytes, i.max_undecodable_run) < 1:
+            raise ValueError(
+                "ingest.max_message_bytes, receive_hwm, offload_bytes and max_undecodable_run "
+                "must be >= 1"
+            )
+        if not 0 < i.restart_backoff_s <= i.restart_backoff_max_s or i.backfill_timeout_s <= 0:
+            raise ValueError(
+                "need 0 < ingest.restart_backoff_s <= ingest.restart_backoff_max_s and "
+                "ingest.backfill_timeout_s > 0"
+            )
+        if i.reconnect_grace_s <= 0:
+            raise ValueError("ingest.reconnect_grace_s must be > 0")
+        if min(route.max_prompt_tokens, route.max_output_tokens) < 1:
+            raise ValueError("route.max_prompt_tokens and route.max_output_tokens must be >= 1")
+        if route.max_prompt_tokens < self.router.max_prompt_tokens:
+            raise ValueError(
+                f"route.max_prompt_tokens ({route.max_prompt_tokens}) must be at least "
+                f"router.max_prompt_tokens ({self.router.max_prompt_tokens}): the route service "
+                "must take every prompt the router accepts"
+            )
+        derived = derived_route_body_bytes(route.max_prompt_tokens)
+        if route.max_body_bytes and route.max_body_bytes < derived:
+            raise ValueError(
+                f"route.max_body_bytes ({route.max_body_bytes}) must hold a prompt of "
+                f"route.max_prompt_tokens ({route.max_prompt_tokens}): at least {derived} "
+                "(or 0 to derive it)"
+            )
+        if route.read_timeout_s <= 0 or route.offload_bytes < 1:
+            raise ValueError("route.read_timeout_s must be > 0 and route.offload_bytes >= 1")
 
     def topic(self, name: str) -> str:
         """The full topic name for a logical topic (``kv_events`` → ``<prefix>kv-events``)."""
@@ -234,6 +393,49 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
         return f"http://{host}:{self.worker.web_port}"
 
     @property
+    def route_urls(self) -> list[str]:
+        """The route services a router asks (``router.route_urls``, else the one)."""
+        urls = [u.rstrip("/") for u in self.router.route_urls if u]
+        return urls or [self.route_url]
+
+    @property
+    def instance_id(self) -> str:
+        import socket
+
+        return self.worker.instance_id or f"{socket.gethostname()}-{self.worker.web_port}"
+
+    @property
+    def advertise_url(self) -> str:
+        if self.worker.advertise_url:
+            return self.worker.advertise_url.rstrip("/")
+        host = self.worker.web_host if self.worker.web_host != "0.0.0.0" else "127.0.0.1"
+        return f"http://{host}:{self.worker.web_port}"
+
+    @property
+    def group_id(self) -> str:
+        """The processor's consumer group (and Faust app id): the primary's is the app id;
+        a route replica has one of its own, route instances sharded by model share one."""
+        if self.worker.role == "primary":
+            return self.worker.app_id
+        if self.sharding == "model":
+            return f"{self.worker.app_id}-route"
+        return f"{self.worker.app_id}-route-{self.instance_id}"
+
+    @property
+    def snapshot_path(self) -> Path:
+        """The directory of the primary's snapshots (index + offsets, fits)."""
+        if self.worker.snapshot_dir:
+            return Path(self.worker.snapshot_dir).expanduser().resolve()
+        if self.worker.role == "primary":
+            return self.worker_data_path
+        return (self.state_path / "worker" / self.worker.app_id).resolve()
+
+    @property
+    def binds_loopback_only(self) -> bool:
+        """Whether the processor's web server listens on a loopback address only."""
+        return is_loopback(self.worker.web_host)
+
+    @property
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser()
 
@@ -242,11 +444,26 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
         """The worker's data directory (snapshots, Faust's files), absolute."""
         if self.worker.data_dir:
             return Path(self.worker.data_dir).expanduser().resolve()
+        if self.worker.role == "route":  # one per process, also when shards share a group
+            name = f"{self.worker.app_id}-route-{self.instance_id}"
+            return (self.state_path / "worker" / name).resolve()
         return (self.state_path / "worker" / self.worker.app_id).resolve()
 
     @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser()
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1; anything else (0.0.0.0, a name, an address) is not."""
+    import ipaddress
+
+    if host.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 # Environment variable → dotted settings path. The single list of every variable we read.
@@ -269,9 +486,22 @@ ENV_VARS: dict[str, str] = {
     "FORETOKEN_ROUTER_PORT": "router.port",
     "FORETOKEN_ROUTE_URL": "router.route_url",
     "FORETOKEN_ROUTE_TIMEOUT_S": "router.route_timeout_s",
+    "FORETOKEN_ROUTE_URLS": "router.route_urls",
+    "FORETOKEN_ROUTE_MEMBERS": "router.route_members",
+    "FORETOKEN_ROLE": "worker.role",
+    "FORETOKEN_INSTANCE_ID": "worker.instance_id",
+    "FORETOKEN_ADVERTISE_URL": "worker.advertise_url",
+    "FORETOKEN_SNAPSHOT_DIR": "worker.snapshot_dir",
+    "FORETOKEN_READY_LAG_RECORDS": "worker.ready_lag_records",
+    "FORETOKEN_CATCH_UP_HORIZON_S": "worker.catch_up_horizon_s",
+    "FORETOKEN_SHARDING": "sharding",
     "FORETOKEN_ROUTER_PROCESSES": "router.processes",
     "FORETOKEN_ROUTER_MAX_BODY_BYTES": "router.max_body_bytes",
     "FORETOKEN_ROUTER_API_KEYS_FILE": "router.api_keys_file",
+    "FORETOKEN_ROUTE_TOKEN": "route.token",
+    "FORETOKEN_INGEST_HOST": "ingest.host",
+    "FORETOKEN_INGEST_PORT": "ingest.port",
+    "FORETOKEN_DASHBOARD_HOST": "dashboard.host",
     "FORETOKEN_STATE_DIR": "state_dir",
     "FORETOKEN_CACHE_DIR": "cache_dir",
     "FORETOKEN_TRACES_DIR": "traces_dir",
@@ -341,6 +571,21 @@ def _check_known(tree: dict[str, Any], kind: Any, prefix: str = "") -> None:
             _check_known(value, sub, f"{path}.")
 
 
+def _env_value(dotted: str, value: str) -> Any:
+    """A variable's text as the setting takes it: a list setting is comma-separated."""
+    import typing
+
+    kind: Any = Settings
+    for part in dotted.split("."):
+        fields = _fields_of(kind)
+        if fields is None or part not in fields:
+            return value
+        kind = fields[part]
+    if typing.get_origin(kind) in (tuple, list):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
 def _generic_env(env: Mapping[str, str]) -> dict[str, str]:
     """``FORETOKEN__A__B=value`` → ``{"a.b": value}`` (every setting has such a variable)."""
     out: dict[str, str] = {}
@@ -376,11 +621,11 @@ def load_settings_with_sources(
             raise SettingsError(f"cannot read settings file {file}: {exc}") from exc
         sources.update(dict.fromkeys(_flatten(tree), f"file {file}"))
     for dotted, value in _generic_env(env).items():
-        _set_path(tree, dotted, value)
+        _set_path(tree, dotted, _env_value(dotted, value))
         sources[dotted] = f"env {GENERIC_ENV_PREFIX}{dotted.upper().replace('.', '__')}"
     for var, dotted in ENV_VARS.items():
         if env.get(var):
-            _set_path(tree, dotted, env[var])
+            _set_path(tree, dotted, _env_value(dotted, env[var]))
             sources[dotted] = f"env {var}"
     if env.get("KAFKA_BOOTSTRAP_SERVERS"):
         _set_path(tree, "kafka.external", True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from foretoken.core.types import RequestId, WorkerId
+from foretoken.core.types import RequestId, WorkerId, WorkerProfile
 from foretoken.settings import load_settings
 from foretoken.sim.policy import (
     Arrival,
@@ -190,6 +190,13 @@ class ShadowBaselines:
             self.replica.on_grant(decision.grant(request, request.arrival_s), request.arrival_s)
         self.predictions[request.request_id] = predicted
         return decision
+
+    def register(self, profile: WorkerProfile) -> None:
+        """A re-registration (a schedule's version change): to every predictor it wraps."""
+        for policy in self._others():
+            register = getattr(policy, "register", None)
+            if register is not None:
+                register(profile)
 
     def _done(self, request_id: RequestId, worker_id: WorkerId) -> None:
         self.awaiting.get(worker_id, {}).pop(request_id, None)

@@ -12,7 +12,8 @@ one process serves several ports (one per fake engine) at a fraction of a core. 
 For the tests, a body holding one of these markers changes the answer: ``__stub_refuse__``
 (a 400 with an OpenAI error body), ``__stub_error_event__`` (an SSE error event after the first
 token, then ``[DONE]``), ``__stub_break__`` (the connection dropped after the first token),
-``__stub_echo_headers__`` (the first token's text is the request's headers as JSON).
+``__stub_echo_headers__`` (the first token's text is the request's headers as JSON),
+``__stub_echo_body__`` (one token per choice of ``n``, choice 0's text the body as received).
 
 ``--engines-out FILE`` writes the engines file the router, ingest and the bench use (KV
 events off: the route service credits the cache approximately).
@@ -34,6 +35,7 @@ _LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.I)
 _MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d+)')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 _USAGE = re.compile(rb'"include_usage"\s*:\s*true')
+_N = re.compile(rb'"n"\s*:\s*(\d+)')
 
 
 def head_lines(line: list[bytes], head: bytes) -> dict[str, str]:
@@ -175,6 +177,10 @@ class StubProtocol(asyncio.Protocol):
             tail = (e.answers.chat_end if chat else e.answers.text_end) + e.answers.done
             self.transport.write(e.answers.stream_head + one + tail)
             return True
+        if b"__stub_echo_body__" in body:
+            self.transport.write(e.answers.stream_head + _echo_body(body, chat, e.model)
+                                 + e.answers.done)  # fmt: skip
+            return True
         if b"__stub_error_event__" in body:
             err = _chunk(b'data: {"error":{"message":"stub failed mid-stream",'
                          b'"type":"InternalError","code":500}}\n\n')  # fmt: skip
@@ -212,6 +218,24 @@ class StubProtocol(asyncio.Protocol):
         self.head = b""
         if self.buffer:
             self._next()
+
+
+def _echo_body(body: bytes, chat: bool, model: str) -> bytes:
+    """``n`` choices of one token each, then their finish events; choice 0 says the body."""
+    m = _N.search(body)
+    n = int(m.group(1)) if m else 1
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def event(i: int, text: str | None) -> bytes:
+        piece: dict[str, object] = ({"delta": {} if text is None else {"content": text}}
+                                    if chat else {"text": text or ""})  # fmt: skip
+        choice = {"index": i, **piece, "finish_reason": None if text else "length"}
+        doc = {"id": "cmpl-stub", "created": 0, "model": model, "object": kind,
+               "choices": [choice]}  # fmt: skip
+        return _chunk(b"data: " + json.dumps(doc).encode() + b"\n\n")
+
+    said = [event(i, body.decode() if i == 0 else " tok") for i in range(n)]
+    return b"".join(said + [event(i, None) for i in range(n)])
 
 
 class StubEngine:

@@ -5,9 +5,11 @@ The built-in tokenizer's ids are hashes, so no vocabulary reproduces them; what 
 tool needs of a tokenizer is the *count* (prompt lengths it generates, output tokens it
 measures). This one splits text into the built-in tokenizer's pieces (optional whitespace,
 then a word run or one other character) with a ``Split`` pre-tokenizer and maps each piece
-to one id of a word-level vocabulary (unknown pieces to ``[UNK]``), so a text has as many
+to one id of a word-level vocabulary (unknown pieces to ``UNK``), so a text has as many
 tokens here as there (but for trailing whitespace, one piece more here): the simulated
-engines' output (`` t123`` per token) counts exactly.
+engines' output (`` t123`` per token) counts exactly. The other way too: a tool that makes
+its prompts by decoding ids (aiperf samples ids of a corpus) gets a text of as many built-in
+tokens as ids, because every entry of the vocabulary, ``UNK`` included, is one space-led word.
 ``python -m foretoken.bench.hf_tokenizer DIR`` writes ``tokenizer.json`` and
 ``tokenizer_config.json`` there.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 PIECE = r"\s*\w+|\s*[^\w\s]"
+UNK = " unk"  # a word of its own when decoded, so that decoded ids count as they are
 _COMMON = ("the of and a to in is you that it he was for on are as with his they I at be this "
          "have from or one had by word but not what all were we when your can said there use "
          "an each which she do how their if will up other about out many then them these so "
@@ -31,11 +34,10 @@ WORDS = _COMMON.split(" ")
 
 
 def build() -> Tokenizer:
-    vocab = {"[UNK]": 0, "<|endoftext|>": 1}
-    for word in WORDS:
-        for piece in (word, " " + word):
-            vocab.setdefault(piece, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    vocab = {UNK: 0, "<|endoftext|>": 1}
+    for word in WORDS:  # space-led only: fused, any sequence of them is that many words
+        vocab.setdefault(" " + word, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECE), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return tok
@@ -45,7 +47,7 @@ def write_dir(path: Path) -> Path:
     """``tokenizer.json`` + ``tokenizer_config.json`` (a fast tokenizer for transformers)."""
     path.mkdir(parents=True, exist_ok=True)
     build().save(str(path / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": UNK,
               "eos_token": "<|endoftext|>", "model_max_length": 1 << 20,
               "clean_up_tokenization_spaces": False}  # fmt: skip
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))

@@ -31,8 +31,10 @@ actual); cache disagreement, within 1 s split by agreement; how many requests we
 cold and alone (``cold_sample_supply``) next to the samples the live fit took.
 
 **(b) Routing quality** (``routing``): per load, one replay per policy (``predictor``,
-``round-robin``, ``least-outstanding-tokens``) with bounds from ``BOUND_MIX``: goodput
-(served within the bound; also per second of trace), TTFT p50/p95/p99 of served requests.
+``round-robin``, ``least-outstanding-tokens``, ``cache-aware``: longest prefix match with a
+load-balance threshold, knowing nothing of queues, :mod:`foretoken.sim.cache_aware`) with
+bounds from ``BOUND_MIX``: goodput (served within the bound; also per second of trace),
+TTFT p50/p95/p99 of served requests and the engines' cache hit rate.
 The predictor's run also gives §4 grades with real bounds (``bound_grades``):
 underpredictions, and false alarms *estimated* from the explore admissions (their
 within-bound fraction × rejections) and from actual-given-predicted on served requests.
@@ -67,6 +69,7 @@ from foretoken.bench.baselines import (
 )
 from foretoken.core.types import RequestId
 from foretoken.settings import load_settings
+from foretoken.sim.cache_aware import POLICY_NAME as CACHE_AWARE
 from foretoken.sim.policy import (
     FleetLedger,
     make_policy,
@@ -82,7 +85,7 @@ LOADS = (0.8, 1.0, 1.3)
 BOUNDS_S = (5.0, 10.0, 30.0)
 BOUND_MIX = "5:0.3,10:0.3,30:0.4"
 PROFILED_POLICY = "predictor-profiled"  # the predictor with fits started from the profile
-POLICIES = ("predictor", PROFILED_POLICY, "round-robin", "least-outstanding-tokens")
+POLICIES = ("predictor", PROFILED_POLICY, "round-robin", "least-outstanding-tokens", CACHE_AWARE)
 BASELINES = ("mooncake", "linear_rate", "request_count")
 PROFILED = "predictor_profiled"  # the live predictor's replica, fits warm-started
 QUICK_REQUESTS = 250

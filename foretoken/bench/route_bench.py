@@ -367,10 +367,11 @@ def in_process(backend: str, requests: int, rate: float = 500.0) -> dict[str, An
     import dataclasses
     import heapq
 
-    from foretoken.adapters.http.route_page import answer_route
+    from foretoken.adapters.http.route_page import answer_route, limits_of
     from foretoken.compose import build_core
     from foretoken.core.index.protocol import make_index
     from foretoken.core.queue import native_walk
+    from foretoken.wire.route_rpc import decode_route_request
 
     settings = load_settings()
     predictor = dataclasses.replace(settings.predictor, queue_walk=backend)  # type: ignore[arg-type]
@@ -384,6 +385,8 @@ def in_process(backend: str, requests: int, rate: float = 500.0) -> dict[str, An
     for batch in kv_batches(docs, t0):
         core.index.apply(batch, t0)
     bodies = body_templates(docs, rng, 64)
+    limits = limits_of(settings.route)  # decoded as the route service does, in the timing
+    limits = limits_of(settings.route)  # decoded as the route service does, in the timing
     pending: list[tuple[float, int, Outcome]] = []
     cpu: list[float] = []
     admitted = 0
@@ -398,7 +401,7 @@ def in_process(backend: str, requests: int, rate: float = 500.0) -> dict[str, An
             next_expire = now + 1.0
         body = bodies[i % len(bodies)].replace(RID_PLACEHOLDER.encode(), f"r{i:011d}".encode(), 1)
         c0 = time.thread_time()
-        raw = answer_route(core, regs, body, now)
+        raw = answer_route(core, regs, decode_route_request(body, limits), now)
         cpu.append(time.thread_time() - c0)
         g = msgspec.json.decode(raw, type=RouteResponse).grant
         if g.admitted and g.worker_id is not None:
@@ -462,7 +465,12 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(quick: bool, *, rate: float | None = None, seconds: float | None = None) -> dict[str, Any]:
+def run(quick: bool, *, rate: float | None = None, seconds: float | None = None,
+        replicas: int = 1) -> dict[str, Any]:  # fmt: skip
+    if replicas > 1:  # one route replica against two, side by side (route_replicas.py)
+        from foretoken.bench.route_replicas import run_replicas
+
+        return run_replicas(quick, replicas, seconds=seconds)
     rates = [rate] if rate else list(QUICK_RATES if quick else RATES)
     seconds = seconds or (2.0 if quick else 5.0)
     rounds = 1 if quick else 2
@@ -516,13 +524,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rate", type=float)
     parser.add_argument("--seconds", type=float)
+    parser.add_argument("--replicas", type=int, default=1, help="2: one replica against two")
     parser.add_argument("--in-process", choices=["native", "python"], help="only that")
     parser.add_argument("--requests", type=int, default=1500)
     args = parser.parse_args()
     if args.in_process:
         print(json.dumps(in_process(args.in_process, args.requests)))
         return
-    print(json.dumps(run(args.quick, rate=args.rate, seconds=args.seconds), indent=2))
+    result = run(args.quick, rate=args.rate, seconds=args.seconds, replicas=args.replicas)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

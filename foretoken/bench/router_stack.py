@@ -120,8 +120,8 @@ def start_stack(tmp: Path, route_timeout_s: float, router_processes: int = 1,
         engines_proc = stack.procs["stub" if fleet is None else "fleet"]
         _wait_for(engines_file.exists, engines_proc, "the engines file")
         stack.engines = load_engines(engines_file)
-        stack.procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines_file)), env,
-                                      tmp / "ingest.log")  # fmt: skip
+        ingest_cmd = foretoken_cmd("ingest", "-e", str(engines_file), "--port", str(free_port()))
+        stack.procs["ingest"] = spawn(ingest_cmd, env, tmp / "ingest.log")
         router_port = free_port()
         router_env = {**env, "FORETOKEN_ROUTE_URL": stack.worker_url,
                       "FORETOKEN_ROUTE_TIMEOUT_S": str(route_timeout_s),

@@ -191,6 +191,7 @@ class KafkaView:
     done: Counter[str] = field(default_factory=Counter)
     worker: dict[str, str | None] = field(default_factory=dict)
     router_ttft_s: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: dict[str, int] = field(default_factory=dict)  # as the router counted them
 
     def add(self, is_grant: bool, value: bytes | None) -> None:
         if is_grant:
@@ -198,6 +199,7 @@ class KafkaView:
             self.grants[g.request_id] += 1
             self.admitted[g.request_id] += int(g.admitted)
             self.worker[g.request_id] = g.worker_id
+            self.prompt_tokens[g.request_id] = g.prompt_tokens
             return
         o = decode(value, Outcome)
         (self.first if o.kind == "first_token" else self.done)[o.request_id] += 1

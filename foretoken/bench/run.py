@@ -18,19 +18,22 @@ BENCHMARKS: dict[str, str] = {
     "route": "foretoken.bench.route_bench",
     "approx": "foretoken.bench.approx_bench",
     "real-engine": "foretoken.bench.real_engine_bench",
+    "aiperf": "foretoken.bench.aiperf_bench",  # needs `make aiperf` (a venv of its own)
 }
 OUT_DIR = Path(".run/bench")
 
 
-def run_one(name: str, quick: bool) -> dict[str, Any]:
+def run_one(name: str, quick: bool, **options: Any) -> dict[str, Any]:
+    """``options``: a benchmark's own (e.g. ``replicas`` for ``route``)."""
     module = importlib.import_module(BENCHMARKS[name])
-    fn: Callable[[bool], dict[str, Any]] = module.run
+    fn: Callable[..., dict[str, Any]] = module.run
     started = time.time()
-    result = fn(quick)
-    report = {"benchmark": name, "quick": quick, "started_ts": started,
+    result = fn(quick, **options)
+    report = {"benchmark": name, "quick": quick, **options, "started_ts": started,
               "wall_s": round(time.time() - started, 3), "result": result}  # fmt: skip
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / f"{name}.json").write_text(json.dumps(report, indent=2))
+    suffix = "".join(f"-{k}{v}" for k, v in options.items())
+    (OUT_DIR / f"{name}{suffix}.json").write_text(json.dumps(report, indent=2))
     return report
 
 

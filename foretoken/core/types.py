@@ -137,6 +137,8 @@ class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True):
     reports_cached_tokens: bool = True
     # KV cache capacity in GPU blocks, when the engine tells (vLLM: cache_config_info).
     gpu_blocks: int | None = None
+    # The longest sequence (prompt + output) the engine takes (vLLM's max_model_len).
+    max_model_len: int | None = None
     config_hash: str
     ts: float
     removed: bool = False
@@ -146,6 +148,8 @@ class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True):
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.gpu_blocks is not None and self.gpu_blocks < 1:
             raise ValueError(f"gpu_blocks must be >= 1, got {self.gpu_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if not self.worker_id or not self.model:
             raise ValueError("worker_id and model must be non-empty")
 
@@ -154,8 +158,19 @@ class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True):
         return CacheSource.EVENTS if self.has_kv_events else CacheSource.APPROXIMATE
 
     def fits_prompt(self, prompt_tokens: int) -> bool:
-        """Whether a prompt fits this worker's KV cache at all (when it says how big)."""
-        return self.gpu_blocks is None or prompt_tokens < self.gpu_blocks * self.block_size
+        """Whether a prompt fits this worker's KV cache and context at all (when it says)."""
+        return prompt_fits(prompt_tokens, self.block_size, self.gpu_blocks, self.max_model_len)
+
+
+def prompt_fits(
+    prompt_tokens: int, block_size: int, gpu_blocks: int | None, max_model_len: int | None
+) -> bool:
+    """A prompt fits a worker when its KV cache (``gpu_blocks`` × ``block_size`` tokens) and
+    its context (``max_model_len``) hold it with room for one output token; an unknown
+    size is no limit."""
+    if gpu_blocks is not None and prompt_tokens >= gpu_blocks * block_size:
+        return False
+    return max_model_len is None or prompt_tokens < max_model_len
 
 
 # --------------------------------------------------------------------------- kv events
@@ -195,9 +210,13 @@ class AllCleared(msgspec.Struct, kw_only=True, frozen=True, tag="cleared"):
 
 
 class IndexReset(msgspec.Struct, kw_only=True, frozen=True, tag="reset"):
-    """Written by ingest when a sequence gap could not be repaired: forget this worker."""
+    """Written by ingest: forget this worker's blocks. ``approximate`` (a gap that could not
+    be repaired: the engine still holds blocks we no longer know of) flags its hits until
+    the engine clears its cache; False when the engine restarted and its new stream is
+    complete from seq 0 (a new process starts with an empty cache, so the index is exact)."""
 
     reason: str
+    approximate: bool = True
 
 
 KvEvent = BlockStored | BlockRemoved | AllCleared | IndexReset

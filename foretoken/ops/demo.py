@@ -155,8 +155,8 @@ def _start(
     while not engines.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     console.print(f"fleet: {len(load_fleet(FLEET).engines)} simulated engines ({FLEET}.toml)")
-    procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines)), env,
-                            run_dir / "ingest.log")  # fmt: skip
+    ingest_cmd = foretoken_cmd("ingest", "-e", str(engines), "--port", str(free_port()))
+    procs["ingest"] = spawn(ingest_cmd, env, run_dir / "ingest.log")
     router_env = {**env, "FORETOKEN_ROUTE_URL": worker_url}
     port = free_port("127.0.0.1") if in_use("127.0.0.1", ROUTER_PORT) else ROUTER_PORT
     router_cmd = foretoken_cmd("router", "-e", str(engines), "--port", str(port))

@@ -80,8 +80,8 @@ def start_llama_stack(
         wait_http(f"{worker_url}/healthz", START_S, procs["worker"])
         engines_file = run_dir / "engines.toml"
         engines_file.write_text(dump_engines(stack.engines))
-        procs["ingest"] = spawn(foretoken_cmd("ingest", "-e", str(engines_file)), env,
-                                run_dir / "ingest.log")  # fmt: skip
+        ingest_cmd = foretoken_cmd("ingest", "-e", str(engines_file), "--port", str(free_port()))
+        procs["ingest"] = spawn(ingest_cmd, env, run_dir / "ingest.log")
         port = router_port or free_port()
         router_env = {**env, "FORETOKEN_ROUTE_URL": worker_url,
                       "FORETOKEN_ROUTE_TIMEOUT_S": str(route_timeout_s)}  # fmt: skip

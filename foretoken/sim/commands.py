@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import foretoken.sim.cache_aware
 import foretoken.sim.predictor_policy  # noqa: F401  (registers the "predictor" policy)
 from foretoken.settings import ControlSettings, Settings
 from foretoken.sim.classes import ClassMix, class_summary, write_control_events

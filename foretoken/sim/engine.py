@@ -261,6 +261,10 @@ class EngineModel:
             tier_usage=self.cache.tier_usage(),
         )
 
+    def retune(self, spec: EngineSpec) -> None:
+        """A schedule change: the same engine, other true costs from its next step on."""
+        self.spec, self._truth = spec, spec.truth
+
     # ------------------------------------------------------------------ requests
 
     def submit(

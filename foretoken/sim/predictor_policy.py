@@ -253,7 +253,7 @@ class PredictorPolicy:
         (None when that worker is not a candidate)."""
         tokens = _token_tuple(request.token_ids)
         for candidate in self.core.service.predict(
-            request.model, tokens, request.arrival_s, request.prompt_tokens
+            request.model, tokens, request.arrival_s, request.prompt_tokens, request.max_tokens
         ):
             if candidate.prediction.worker_id == worker_id:
                 return candidate.prediction

@@ -19,6 +19,11 @@ Every request yields one :class:`~foretoken.wire.records.Graded` record, in arri
 ``error`` (the chosen engine could never hold it: :class:`~foretoken.sim.engine.RequestTooLarge`).
 ``ts`` is the arrival as a Unix timestamp: ``EPOCH_BASE_TS`` + virtual seconds.
 
+**Schedule**: a fleet's ``[[schedule]]`` changes (:class:`~foretoken.sim.spec.ScheduleChange`)
+apply before the first event at or after their ``at_s``: the engine's true costs change
+from its next step on and, when the version changes, the policy's ``register`` (if it has
+one) gets the engine's new profile, as the processor gets a re-registration.
+
 **Lake** (:func:`write_lake`): the records go through the one lake writer,
 :class:`foretoken.adapters.lake.writer.LakeWriter` (layout, write-then-rename and idempotency are
 described
@@ -74,7 +79,7 @@ from foretoken.sim.policy import (
     RoutingPolicy,
     make_policy,
 )
-from foretoken.sim.spec import FleetSpec, load_fleet
+from foretoken.sim.spec import FleetSpec, ScheduleChange, load_fleet
 from foretoken.sim.traces import (
     AZURE_CODE_FILE,
     AZURE_CONV_FILE,
@@ -195,7 +200,9 @@ class _Replay:
     model: ModelName
     speedup: float
     decode_runs: bool = True
+    engine_factory: Callable[..., EngineModel] = EngineModel
     engines: dict[WorkerId, EngineModel] = field(default_factory=dict)
+    changes: list[ScheduleChange] = field(default_factory=list)
     ledger: FleetLedger = field(init=False)
     heap: list[tuple[float, int, int, WorkerId, Any]] = field(default_factory=list)
     busy: set[WorkerId] = field(default_factory=set)
@@ -208,7 +215,9 @@ class _Replay:
 
     def __post_init__(self) -> None:
         detail = self.policy.kv_events
-        self.engines = {spec.id: EngineModel(spec, kv_events=detail) for spec in self.fleet.engines}
+        make = self.engine_factory
+        self.engines = {spec.id: make(spec, kv_events=detail) for spec in self.fleet.engines}
+        self.changes = list(reversed(self.fleet.schedule))  # popped from the end
         self.ledger = FleetLedger.for_fleet(self.fleet)
         self.records = [None] * len(self.trace)
 
@@ -218,6 +227,8 @@ class _Replay:
         n, index = len(trace), 0
         next_arrival = trace[0].arrival_s / self.speedup if n else math.inf
         while index < n or heap:
+            if self.changes:
+                self._apply_due(min(heap[0][0] if heap else math.inf, next_arrival))
             if heap and heap[0][0] <= next_arrival:
                 self.now_s = heap[0][0]
                 self._pop()
@@ -231,6 +242,17 @@ class _Replay:
             if self.ready and (not heap or heap[0][0] > self.now_s) and next_arrival > self.now_s:
                 self._start_ready(next_arrival)
         progress.update(task, completed=n)
+
+    def _apply_due(self, until_s: float) -> None:
+        """The schedule's changes due by ``until_s`` (module doc)."""
+        while self.changes and self.changes[-1].at_s <= until_s:
+            change = self.changes.pop()
+            engine = self.engines[change.engine]
+            before = engine.spec
+            engine.retune(change.apply(before))
+            register = getattr(self.policy, "register", None)
+            if engine.spec.engine_version != before.engine_version and register is not None:
+                register(engine.spec.profile(ts=max(change.at_s, self.now_s)))
 
     # -------------------------------------------------------------- arrivals
 
@@ -383,17 +405,24 @@ def replay(
     limit: int | None = None,
     model: str | None = None,
     step_by_step: bool = False,
+    engine_factory: Callable[..., EngineModel] = EngineModel,
+    engines_out: dict[WorkerId, EngineModel] | None = None,
 ) -> QueuePrediction:
     """Replay ``trace`` (its first ``limit`` requests, arrivals divided by ``speedup``)
     on ``fleet`` in virtual time, routing with ``policy``. Every request is for ``model``
     (default: the fleet's only model). At each arrival the policy decides with the
     replay's own :class:`~foretoken.sim.policy.FleetLedger` as its view. ``step_by_step`` turns
-    decode runs off (same records, slower: for checking that they are equivalent)."""
+    decode runs off (same records, slower: for checking that they are equivalent).
+    ``engine_factory`` builds each engine (an instrumented subclass of
+    :class:`~foretoken.sim.engine.EngineModel`, for grading); ``engines_out`` receives them."""
     if not (speedup > 0 and math.isfinite(speedup)):
         raise ValueError(f"speedup must be a positive finite number, got {speedup}")
     requests = sorted(trace[:limit] if limit is not None else trace, key=lambda r: r.arrival_s)
     model_name = _single_model(fleet, model)
-    state = _Replay(requests, fleet, policy, model_name, speedup, decode_runs=not step_by_step)
+    state = _Replay(requests, fleet, policy, model_name, speedup, decode_runs=not step_by_step,
+                    engine_factory=engine_factory)  # fmt: skip
+    if engines_out is not None:
+        engines_out.update(state.engines)
     started = time.perf_counter()
     with _progress_bar(progress) as bar:
         state.run(bar)

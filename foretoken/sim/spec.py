@@ -30,10 +30,23 @@ A fleet file is TOML with one ``[[engines]]`` entry per engine (or per template)
     prefill_b_s_per_token2 = 1.0e-9
     ...
 
+    [[schedule]]                        # optional: a change of one engine during a run
+    at_s = 600.0                        # virtual seconds from the replay's start
+    engine = "small-1"                  # an engine id after count expansion
+    engine_version = "0.12.0-sim"       # optional: it re-registers (new config hash)
+    [schedule.truth]                    # optional: the true costs that change
+    prefill_a_s_per_token = 3.0e-5      # any truth field but seed and noise_sigma
+
 Everything outside ``truth`` is what a real engine would report about itself; the truth is
 what the predictor must learn and never reads. A template with ``count = N`` expands into
 N engines whose ids are suffixed ``-0 … -(N-1)`` and whose seeds (noise and, when given,
 hash) are offset by the replica index so that replicas are not clones.
+
+A ``[[schedule]]`` entry (:class:`ScheduleChange`) changes one engine at ``at_s``: its
+true costs from the next step it starts on (a new engine build, a thermal throttle: the
+predictor must notice by itself) and, with ``engine_version``, what it reports — the
+replay then re-registers the worker with the new version (a new config hash, so a fresh
+fit), as a restarted engine would. Errors name the field (``$.schedule[0].engine``).
 """
 
 from __future__ import annotations
@@ -239,16 +252,57 @@ class EngineTemplate(EngineSpec, kw_only=True, frozen=True, forbid_unknown_field
         return EngineSpec(**replica)
 
 
+# Truth fields a schedule may not change: the random streams are drawn from them once.
+_FIXED_TRUTH = ("seed", "noise_sigma")
+
+
+class ScheduleChange(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One engine changes at ``at_s`` (module doc): its version and/or true costs."""
+
+    at_s: float
+    engine: WorkerId
+    engine_version: str | None = None
+    truth: dict[str, float] = msgspec.field(default_factory=dict)
+
+    def apply(self, spec: EngineSpec) -> EngineSpec:
+        """``spec`` after the change."""
+        truth = msgspec.structs.replace(spec.truth, **self.truth) if self.truth else spec.truth
+        version = self.engine_version or spec.engine_version
+        return msgspec.structs.replace(spec, truth=truth, engine_version=version)
+
+    def check(self, where: str, engines: tuple[EngineSpec, ...]) -> None:
+        """Raise :class:`FleetSpecError` naming the field of ``where`` that is wrong."""
+        if not (math.isfinite(self.at_s) and self.at_s >= 0):
+            raise FleetSpecError(f"{where}.at_s must be finite and >= 0, got {self.at_s}")
+        spec = next((e for e in engines if e.id == self.engine), None)
+        if spec is None:
+            raise FleetSpecError(f"{where}.engine: no engine {self.engine!r} in the fleet "
+                                 "(ids after count expansion)")  # fmt: skip
+        if self.engine_version is not None and not self.engine_version:
+            raise FleetSpecError(f"{where}.engine_version must be non-empty")
+        known = set(TruthSpec.__struct_fields__) - set(_FIXED_TRUTH)
+        for key in self.truth:
+            if key not in known:
+                raise FleetSpecError(f"{where}.truth.{key}: not a truth field a schedule may "
+                                     f"change (one of {sorted(known)})")  # fmt: skip
+        try:
+            self.apply(spec)
+        except (ValueError, TypeError) as exc:
+            raise FleetSpecError(f"{where}.truth: {exc}") from exc
+
+
 class _FleetFile(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     name: str = ""
     engines: tuple[EngineTemplate, ...]
+    schedule: tuple[ScheduleChange, ...] = ()
 
 
 class FleetSpec(msgspec.Struct, kw_only=True, frozen=True):
-    """A loaded fleet: every engine expanded, ids unique."""
+    """A loaded fleet: every engine expanded, ids unique; its schedule in time order."""
 
     name: str
     engines: tuple[EngineSpec, ...]
+    schedule: tuple[ScheduleChange, ...] = ()
 
     def engine(self, worker_id: str) -> EngineSpec:
         for spec in self.engines:
@@ -291,7 +345,10 @@ def fleet_from_mapping(raw: dict[str, Any], default_name: str = "fleet") -> Flee
         if spec.id in seen:
             raise FleetSpecError(f"duplicate engine id {spec.id!r} (after count expansion)")
         seen.add(spec.id)
-    return FleetSpec(name=parsed.name or default_name, engines=engines)
+    for index, change in enumerate(parsed.schedule):
+        change.check(f"$.schedule[{index}]", engines)
+    schedule = tuple(sorted(parsed.schedule, key=lambda c: c.at_s))
+    return FleetSpec(name=parsed.name or default_name, engines=engines, schedule=schedule)
 
 
 def parse_fleet(text: str, source: str = "<string>") -> FleetSpec:

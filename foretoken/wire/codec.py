@@ -58,6 +58,8 @@ def decode(data: bytes | None, record_type: type[T]) -> T:
         raise DecodeError(f"invalid {name}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise DecodeError(f"malformed {name} payload: {exc}") from exc
+    except RecursionError as exc:  # nesting deeper than the decoder follows
+        raise DecodeError(f"malformed {name} payload: nested too deeply") from exc
     except ValueError as exc:  # raised from __post_init__ checks
         raise DecodeError(f"invalid {name}: {exc}") from exc
     raise DecodeError(f"not a JSON object or msgpack map (first byte 0x{first:02x})")

@@ -56,6 +56,7 @@ __all__ = [
     "IndexReset",
     "KvEvent",
     "KvEventBatch",
+    "Member",
     "Outcome",
     "Record",
     "SchedulerSettings",
@@ -152,13 +153,41 @@ class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
     offset: int | None = None
     key: bytes | None = None
     payload: bytes = b""
+    # The original payload's size when ``payload`` holds only its first bytes.
+    payload_size: int | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version)
 
 
-Record = WorkerRegistration | KvEventBatch | Grant | Outcome | Graded | DeadLetter | ControlEvent
+class Member(msgspec.Struct, kw_only=True, frozen=True):
+    """Topic ``members`` (compacted, keyed by instance_id): one processor, as it advertises
+    itself every ``worker.member_interval_s`` (docs/ARCHITECTURE.md "Scale-out")."""
+
+    instance_id: str
+    role: Literal["primary", "route"]
+    url: str
+    group: str
+    sharding: Literal["none", "model"]
+    # The partitions of the input topics it consumes (co-partitioned: one set for all).
+    partitions: tuple[int, ...]
+    # Ready to answer /v1/route (its lag under the bound); the models its index holds.
+    ready: bool
+    models: tuple[str, ...] = ()
+    ts: float
+    # A clean stop says so at once (others would otherwise wait for its record to age).
+    removed: bool = False
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        _check_version(self.schema_version)
+
+
+Record = (
+    WorkerRegistration | KvEventBatch | Grant | Outcome | Graded | DeadLetter | ControlEvent
+    | Member
+)  # fmt: skip
 RECORD_TYPES: dict[str, type[Any]] = {
     "workers": WorkerRegistration,
     "kv_events": KvEventBatch,
@@ -167,6 +196,7 @@ RECORD_TYPES: dict[str, type[Any]] = {
     "graded": Graded,
     "dead_letter": DeadLetter,
     "controls": ControlEvent,
+    "members": Member,
 }
 R = TypeVar("R", bound=msgspec.Struct)
 

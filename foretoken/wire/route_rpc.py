@@ -12,31 +12,42 @@ from __future__ import annotations
 import array
 import sys
 from collections.abc import Sequence
-from typing import Final
+from dataclasses import dataclass
+from typing import Annotated, Final
 
 import msgspec
 import numpy as np
 
 from foretoken.core.types import ModelName, RequestId, RouteDecision, RouteQuery, check_finite
+from foretoken.wire.codec import DecodeError, decode
 from foretoken.wire.records import SCHEMA_VERSION, Grant, _check_version, as_record
 
 _LE_U32: Final = np.dtype("<u4")
+# Fixed limits of the format (the configurable ones are RouteLimits).
+MAX_ID_CHARS: Final = 256
+# A retry's request id is the client's (x-request-id, at most MAX_ID_CHARS) + "~<attempt>".
+MAX_REQUEST_ID_CHARS: Final = MAX_ID_CHARS + 21
+MAX_CLASS_CHARS: Final = 128
+MAX_CONVERSATION_CHARS: Final = 1024
+MAX_SECONDS: Final = 86_400.0  # a bound or a wait beyond a day is a mistake, not a request
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
 
 
 class RouteRequest(msgspec.Struct, kw_only=True, frozen=True):
     """``POST /v1/route`` on the worker: one request to place."""
 
-    request_id: RequestId
-    model: ModelName
-    token_ids: tuple[int, ...] = ()
+    request_id: Annotated[RequestId, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]
+    model: Annotated[ModelName, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    token_ids: tuple[TokenId, ...] = ()
     packed_token_ids: bytes = b""
-    prompt_tokens: int = 0
-    max_queue_wait_s: float | None = None
-    already_waited_s: float = 0.0
-    workload_class: str = "default"
+    prompt_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_queue_wait_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_SECONDS)] | None = None
+    already_waited_s: Seconds = 0.0
+    workload_class: Annotated[str, msgspec.Meta(max_length=MAX_CLASS_CHARS)] = "default"
     prefer_cache_hit: bool = False
-    conversation_id: str | None = None
-    expected_output_tokens: int | None = None
+    conversation_id: Annotated[str, msgspec.Meta(max_length=MAX_CONVERSATION_CHARS)] | None = None
+    expected_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -71,6 +82,56 @@ class RouteRequest(msgspec.Struct, kw_only=True, frozen=True):
             prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
             expected_output_tokens=self.expected_output_tokens,
         )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RouteLimits:
+    """The configurable limits of a route request (settings ``[route]``)."""
+
+    max_prompt_tokens: int
+    max_output_tokens: int
+
+
+class RouteRequestError(ValueError):
+    """A route request that cannot be taken: ``status`` (4xx), the ``field`` at fault (None:
+    the body as a whole) and a message naming it."""
+
+    def __init__(self, message: str, field: str | None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.field, self.status = message, field, status
+
+
+def decode_route_request(body: bytes, limits: RouteLimits) -> RouteRequest:
+    """The body as a valid :class:`RouteRequest` within ``limits``, else
+    :class:`RouteRequestError` naming the field (never another exception)."""
+    try:
+        request = decode(body, RouteRequest)
+    except DecodeError as exc:
+        raise RouteRequestError(exc.reason, _field_of(exc.reason)) from exc
+    n = request.prompt_length
+    if n > limits.max_prompt_tokens:
+        field = next(f for f in ("packed_token_ids", "token_ids", "prompt_tokens")
+                     if getattr(request, f))  # fmt: skip
+        raise RouteRequestError(
+            f"{field}: {n} prompt tokens exceed the limit of {limits.max_prompt_tokens}", field
+        )
+    out = request.expected_output_tokens
+    if out is not None and out > limits.max_output_tokens:
+        raise RouteRequestError(
+            f"expected_output_tokens: {out} exceeds the limit of {limits.max_output_tokens}",
+            "expected_output_tokens",
+        )
+    return request
+
+
+def _field_of(reason: str) -> str | None:
+    """The field a msgspec message points at (``... - at `$.token_ids[3]```)."""
+    marker = "- at `$."
+    if marker in reason:
+        path = reason.rsplit(marker, 1)[1].rstrip("`")
+        return path.split("[")[0].split(".")[0] or None
+    named = [(reason.find(f), f) for f in RouteRequest.__struct_fields__ if f in reason]
+    return min(named)[1] if named else None  # a rule of __post_init__ names its fields
 
 
 def pack_token_ids(token_ids: Sequence[int]) -> bytes:

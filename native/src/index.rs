@@ -31,9 +31,11 @@ pub enum Event<'a> {
     Cleared {
         tier: Option<usize>,
     },
-    /// Ingest lost events: forget the worker, flag it approximate until a full clear.
+    /// Ingest lost events: forget the worker, flag it approximate until a full clear —
+    /// unless `approximate` is false (an engine restart: the new stream starts empty).
     Reset {
         reason: &'a str,
+        approximate: bool,
     },
 }
 
@@ -208,7 +210,7 @@ impl Index {
         };
         let mut stats = ApplyStats::default();
         let worker = self.workers[wi].as_mut().expect("registered");
-        worker.reset(&mut self.spaces[worker.space], reason, &mut stats);
+        worker.reset(&mut self.spaces[worker.space], reason, true, &mut stats);
         self.totals.add(&stats);
     }
 
@@ -286,7 +288,10 @@ impl Index {
                     worker.clear(space, *tier);
                     stats.clears += 1;
                 }
-                Event::Reset { reason } => worker.reset(space, reason, &mut stats),
+                Event::Reset {
+                    reason,
+                    approximate,
+                } => worker.reset(space, reason, *approximate, &mut stats),
             }
         }
         worker.last_seq.insert(dp_rank, seq);

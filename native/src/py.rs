@@ -237,7 +237,7 @@ enum Raw<'py> {
         group_idx: i64,
     },
     Cleared(Option<usize>),
-    Reset(String),
+    Reset(String, bool),
 }
 
 impl Raw<'_> {
@@ -267,7 +267,10 @@ impl Raw<'_> {
                 group_idx: *group_idx,
             },
             Raw::Cleared(tier) => Event::Cleared { tier: *tier },
-            Raw::Reset(reason) => Event::Reset { reason },
+            Raw::Reset(reason, approximate) => Event::Reset {
+                reason,
+                approximate: *approximate,
+            },
         }
     }
 }
@@ -346,6 +349,11 @@ fn parse_tuple<'py>(t: &Bound<'py, PyTuple>) -> PyResult<Raw<'py>> {
             need(2, "reset")?;
             Ok(Raw::Reset(
                 t.get_item(1)?.cast::<PyString>()?.to_str()?.to_owned(),
+                if n > 2 {
+                    t.get_item(2)?.extract()?
+                } else {
+                    true
+                },
             ))
         }
         other => Err(PyValueError::new_err(format!(
@@ -393,6 +401,7 @@ fn parse_struct<'py>(ev: &Bound<'py, PyAny>) -> PyResult<Raw<'py>> {
                 .cast::<PyString>()?
                 .to_str()?
                 .to_owned(),
+            ev.getattr(intern!(py, "approximate"))?.extract()?,
         )),
         other => Err(PyTypeError::new_err(format!("not a KV event: {other}"))),
     }

@@ -460,9 +460,15 @@ impl Worker {
         }
     }
 
-    pub fn reset(&mut self, space: &mut Space, reason: &str, stats: &mut ApplyStats) {
+    pub fn reset(
+        &mut self,
+        space: &mut Space,
+        reason: &str,
+        approximate: bool,
+        stats: &mut ApplyStats,
+    ) {
         self.clear(space, None);
-        self.approximate = true;
+        self.approximate = approximate;
         self.resets += 1;
         self.reset_reason = Some(reason.to_owned());
         stats.resets += 1;

@@ -336,6 +336,21 @@ def test_reset_forgets_and_flags_the_worker_until_it_clears() -> None:
     assert index.lookup(M, prompt)[WorkerId("a")] == CacheHit(BS, 4, gpu_tokens=4)
 
 
+def test_a_restart_reset_forgets_without_flagging_the_new_stream_approximate() -> None:
+    """A restarted engine starts empty: the reset it causes is exact (issue 16, finding 3)."""
+    index = fresh("a")
+    old, new = toks(2), toks(3, start=5000)
+    index.apply(batch("a", stored([1, 2], old)), 0.0)
+    index.apply(batch("a", IndexReset(reason="gap"), stored([7, 8], old)), 0.0)
+    assert index.lookup(M, old)[WorkerId("a")].approximate
+    restarted = IndexReset(reason="engine restarted", approximate=False)
+    index.apply(batch("a", restarted, stored([4, 5, 6], new)), 1.0)
+    hits = index.lookup(M, new)[WorkerId("a")]
+    assert hits.tokens == 3 * BS and not hits.approximate
+    assert index.lookup(M, old)[WorkerId("a")].tokens == 0
+    assert index.stats()["workers"]["a"]["resets"] == 2  # type: ignore[index]
+
+
 def test_unknown_workers_and_models_are_counted_and_ignored() -> None:
     index = fresh("a")
     assert index.apply(batch("ghost", stored([1], toks(1))), 0.0).unknown_worker_batches == 1

@@ -102,8 +102,8 @@ def _check(lake: Path, prefix: str, client: pl.DataFrame) -> dict[str, Any]:
         f"lost {sorted(set(sent) - set(ids))[:10]}, unexpected {sorted(set(ids) - set(sent))[:10]}"
     )
     # The lake agrees with what the client saw: every 200 was admitted (graded served, or
-    # error when the engine failed mid-stream), every 429 — and every 400 for a prompt larger
-    # than any worker's KV cache — was a rejection.
+    # error when the engine failed mid-stream), every 429 — every 400 for a prompt larger
+    # than any worker's KV cache, and every 503 for a model no worker serves — was a rejection.
     con = connect(lake)
     try:
         counts = query(con, "SELECT admitted, status, count(*) AS n FROM graded "
@@ -117,7 +117,7 @@ def _check(lake: Path, prefix: str, client: pl.DataFrame) -> dict[str, Any]:
         by_status,
         client_counts(client),
     )
-    assert refused == client.filter(pl.col("status").is_in([400, 429])).height, by_status
+    assert refused == client.filter(pl.col("status").is_in([400, 429, 503])).height, by_status
     assert by_status.get("not admitted rejected", 0) == refused  # rejected <=> not admitted
     return by_status
 

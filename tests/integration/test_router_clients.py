@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -295,25 +296,52 @@ def test_bad_messages_are_4xx_in_anthropic_shape(
     assert param.split("[")[0] in doc["error"]["message"]
 
 
-def test_unknown_fields_pass_through_and_the_router_still_serves(router: StubRouter) -> None:
-    """Fields the router does not know reach the engine untouched (the stub echoes what it
-    got in the first token when asked to)."""
-    status, _, raw = post(
-        router,
-        "/v1/completions",
-        json.dumps(
-            {
-                "model": MODEL,
-                "prompt": "__stub_echo_headers__",
-                "logprobs": 2,
-                "echo": True,
-                "max_tokens": 1,
-                "n": 2,
-            }
-        ).encode(),
-    )
+def test_unknown_fields_pass_through_and_n_choices_come_back(router: StubRouter) -> None:
+    """Fields the router does not handle reach the engine as the client's bytes (the stub's
+    choice 0 says the body it got), foretoken's own do not, and ``n`` choices come back."""
+    body = (b'{"model":"stub-model","prompt":"__stub_echo_body__","n":2,"logprobs":2,'
+            b'"echo":true,"temperature":0.70,"suffix":"!","max_tokens":1,'
+            b'"max_queue_wait_s":30}')  # fmt: skip
+    status, _, raw = post(router, "/v1/completions", body)
     assert status == 200, raw
-    assert json.loads(raw)["choices"][0]["text"]
+    doc = json.loads(raw)
+    assert [c["index"] for c in doc["choices"]] == [0, 1]
+    assert doc["choices"][1]["text"] == " tok"
+    sent = doc["choices"][0]["text"].encode()
+    for field in (b'"n":2', b'"logprobs":2', b'"echo":true', b'"temperature":0.70',
+                  b'"suffix":"!"'):  # fmt: skip
+        assert field in sent, (field, sent)
+    assert b"max_queue_wait_s" not in sent
+
+
+def test_chat_tools_logprobs_and_n_reach_the_engine(router: StubRouter) -> None:
+    tools: list[Any] = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+    c = _openai(router)
+    stream = c.chat.completions.create(
+        model=MODEL,
+        max_tokens=1,
+        n=2,
+        stream=True,
+        logprobs=True,
+        top_logprobs=3,
+        tools=tools,
+        tool_choice="auto",
+        messages=[{"role": "user", "content": "__stub_echo_body__"}],
+    )
+    chunks = [ch for ch in stream if ch.choices]
+    assert {ch.choices[0].index for ch in chunks} == {0, 1}
+    first = next(ch.choices[0] for ch in chunks if ch.choices[0].index == 0)
+    assert first.delta.role == "assistant"
+    sent = json.loads(first.delta.content or "{}")
+    assert sent["tools"] == tools and sent["tool_choice"] == "auto"
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 3 and sent["n"] == 2
+    whole = c.chat.completions.create(
+        model=MODEL, max_tokens=1, n=2, messages=[{"role": "user", "content": "__stub_echo_body__"}]
+    )
+    assert [ch.index for ch in whole.choices] == [0, 1]
+    assert whole.choices[1].message.content == " tok"
 
 
 # ---------------------------------------------------------------------------- streams

@@ -32,8 +32,8 @@ from foretoken.settings import Settings
 from tests.integration.stub_router import MODEL, StubRouter, stub_engines, stub_router
 
 pytestmark = pytest.mark.integration
-EXAMPLES = 450
-BATCH = 48
+EXAMPLES = 320
+BATCH = 64
 MIN_BODIES = 20_000
 MAX_RSS_GROWTH_MB = 300
 PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens")

@@ -91,7 +91,7 @@ def test_a_missing_topic_is_named_with_the_command_that_creates_it(
         '[[engines]]\nworker_id = "w0"\nmodel = "m"\nhttp_url = "http://127.0.0.1:1"\n'
         'kv_events_url = "tcp://127.0.0.1:2"\nblock_size = 16\n'
     )
-    ingest = subprocess.run(foretoken_cmd("ingest", "-e", str(engines)), env=env,
+    ingest = subprocess.run(foretoken_cmd("ingest", "-e", str(engines), "--port", "0"), env=env,
                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert ingest.returncode == 1, ingest.stderr[-2000:]
     assert f"{prefix}workers" in ingest.stderr and "foretoken topics create" in ingest.stderr

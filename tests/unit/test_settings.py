@@ -21,6 +21,7 @@ def test_defaults_work_on_a_laptop() -> None:
     assert s.topic("kv_events") == "kv-events"
     assert set(s.all_topics()) == {
         "workers", "kv_events", "grants", "outcomes", "graded", "dead_letter", "controls",
+        "members",
     }  # fmt: skip
 
 
@@ -101,3 +102,50 @@ def test_config_show_names_where_each_value_came_from(tmp_path: Path) -> None:
     assert rows["worker.web_port"] == (7001, "env FORETOKEN_WEB_PORT")
     assert rows["fits.default_b"] == (1e-9, "env FORETOKEN__FITS__DEFAULT_B")
     assert rows["predictor.explore_fraction"] == (0.02, "default")
+
+
+def test_scale_out_settings_from_the_environment() -> None:
+    s = load_settings(env={
+        "FORETOKEN_ROUTE_URLS": "http://a:1, http://b:2/", "FORETOKEN_ROLE": "route",
+        "FORETOKEN_INSTANCE_ID": "r1", "FORETOKEN_APP_ID": "app", "FORETOKEN_SHARDING": "model",
+    })  # fmt: skip
+    assert s.route_urls == ["http://a:1", "http://b:2"]  # a list variable: comma-separated
+    assert s.worker.role == "route" and s.sharding == "model"
+    assert s.group_id == "app-route"  # shards share one group (Kafka splits the partitions)
+    assert s.worker_data_path.name == "app-route-r1"  # each process its own data
+    assert s.snapshot_path.name == "app"  # a replica reads the primary's snapshots
+    replica = load_settings(env={"FORETOKEN_ROLE": "route", "FORETOKEN_INSTANCE_ID": "r1",
+                                 "FORETOKEN_APP_ID": "app"})  # fmt: skip
+    assert replica.group_id == "app-route-r1"  # a read replica: a group of its own
+    primary = load_settings(env={"FORETOKEN_APP_ID": "app"})
+    assert primary.group_id == "app" and primary.route_urls == [primary.route_url]
+    assert primary.snapshot_path == primary.worker_data_path
+    with pytest.raises(SettingsError, match="role"):
+        load_settings(env={"FORETOKEN_ROLE": "secondary"})
+
+
+def test_loopback_is_told_from_every_other_address() -> None:
+    from foretoken.settings import is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.5.0.1", "localhost", "::1", "[::1]"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "", "10.0.0.3", "worker", "192.168.1.1"]))
+    assert load_settings(env={}).binds_loopback_only
+    assert not load_settings(env={"FORETOKEN_WEB_HOST": "0.0.0.0"}).binds_loopback_only
+
+
+def test_edge_limits_are_settings_with_their_rules() -> None:
+    s = load_settings(env={"FORETOKEN_ROUTE_TOKEN": "t0k", "FORETOKEN_INGEST_PORT": "7001",
+                           "FORETOKEN__INGEST__MAX_MESSAGE_BYTES": "1024",
+                           "FORETOKEN__ROUTE__MAX_PROMPT_TOKENS": "1000",
+                           "FORETOKEN__ROUTER__MAX_PROMPT_TOKENS": "1000"})  # fmt: skip
+    assert s.route.token == "t0k" and s.ingest.port == 7001
+    assert s.ingest.max_message_bytes == 1024
+    assert s.route.body_limit >= 4 * 1000 * 4 // 3  # a whole prompt, base64 in JSON
+    with pytest.raises(SettingsError, match=r"ingest\.max_record_bytes"):
+        load_settings(env={"FORETOKEN__INGEST__MAX_RECORD_BYTES": "1048576"})
+    with pytest.raises(SettingsError, match=r"route\.max_prompt_tokens .* router\.max_prompt"):
+        load_settings(env={"FORETOKEN__ROUTE__MAX_PROMPT_TOKENS": "1000"})  # router's: 2M
+    with pytest.raises(SettingsError, match=r"route\.max_body_bytes"):
+        load_settings(env={"FORETOKEN__ROUTE__MAX_BODY_BYTES": "1000"})
+    with pytest.raises(SettingsError, match="pending_horizon"):
+        load_settings(env={"FORETOKEN__CONTROLS__PENDING_HORIZON_MIN_S": "1000"})

@@ -157,6 +157,17 @@ def parse_seq(frame: object) -> int:
     return int.from_bytes(data, "big")
 
 
+def frame_seq(frames: object) -> int | None:
+    """The seq of a ``[topic, seq, payload]`` message whose payload may be unreadable; None
+    when the message does not even have that shape (its place in the stream is unknown)."""
+    if not isinstance(frames, list | tuple) or len(frames) != 3:
+        return None
+    seq = frames[1]
+    if not isinstance(seq, bytes) or len(seq) != SEQ_BYTES:
+        return None
+    return int.from_bytes(seq, "big")
+
+
 def decode_vllm_frames(
     frames: Sequence[bytes], *, worker_id: WorkerId, model: ModelName, default_block_size: int
 ) -> DecodedBatch:

@@ -49,7 +49,7 @@ from typing import Literal
 
 import msgspec
 
-from foretoken.core.types import EngineReport, ModelName, WorkerId
+from foretoken.core.types import EngineReport, ModelName, WorkerId, prompt_fits
 from foretoken.wire.records import Tier, WorkerEndpoints, WorkerRegistration
 
 EngineKind = Literal["vllm", "sglang", "llamacpp"]
@@ -71,11 +71,18 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
     # The engine reports usage.prompt_tokens_details.cached_tokens (and omits it on a miss).
     reports_cached_tokens: bool = True
     gpu_blocks: int | None = None
+    # The engine's context length (vLLM --max-model-len); with gpu_blocks, what the router's
+    # fallback checks a prompt against.
+    max_model_len: int | None = None
     # False: the router sends this engine no x-request-id (llama-cpp-python's server answers
     # 400, with an empty body, to any x-request-id that is not a UUID).
     request_id_header: bool = True
     # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
     tokenizer: str | None = None
+
+    def fits_prompt(self, prompt_tokens: int) -> bool:
+        """Whether this engine can take a prompt at all (KV capacity and context length)."""
+        return prompt_fits(prompt_tokens, self.block_size, self.gpu_blocks, self.max_model_len)
 
     def config_hash(self) -> str:
         """Changes whenever anything that shapes the engine's cost does (a fresh fit)."""
@@ -105,6 +112,7 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
             has_kv_events=self.kv_events and self.kv_events_url is not None,
             reports_cached_tokens=self.reports_cached_tokens,
             gpu_blocks=self.gpu_blocks,
+            max_model_len=self.max_model_len,
             config_hash=self.config_hash(),
             ts=time.time() if ts is None else ts,
         )

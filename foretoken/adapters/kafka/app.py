@@ -1,10 +1,16 @@
 """The processor as a Faust application: one thin agent per input topic, the timers
-(snapshots, join expiry, latency controls) and start-up (``foretoken worker``).
+(snapshots, join expiry, latency controls, members record) and start-up (``foretoken
+worker``).
 
 Each agent takes raw bytes, hands them to the ``Dispatcher`` (decode, validate, call the
 handlers of :class:`~foretoken.adapters.kafka.processor.ProcessorState`) and produces a
 dead-letter record when that fails. State lives in plain in-memory objects, never in Faust
 Tables (changelog writes cap throughput).
+
+``worker.role = "route"`` (``foretoken worker --role route``) runs a read replica: the same
+agents and state, its own consumer group, no output but its members record — no graded, no
+controls events, no dead letters (the primary sends those), no lake, no snapshots — and a
+start from the primary's latest snapshot at every assignment (:mod:`.replica`).
 """
 
 from __future__ import annotations
@@ -21,28 +27,54 @@ from foretoken.adapters.files import write_atomically
 from foretoken.adapters.kafka.dispatch import INPUT_TOPICS, Consumed, reason_kind
 from foretoken.adapters.kafka.fits_file import fits_bytes, fits_path, load_fits, save_fits
 from foretoken.adapters.kafka.index_keeper import IndexKeeper, snapshot_path
+from foretoken.adapters.kafka.lag import refresh_lag
 from foretoken.adapters.kafka.lake_sink import add_lake_sink
+from foretoken.adapters.kafka.members import follow_members
 from foretoken.adapters.kafka.pages import add_pages
 from foretoken.adapters.kafka.processor import ProcessorState
 from foretoken.adapters.kafka.producer import record_key
+from foretoken.adapters.kafka.replica import Rebalancer
 from foretoken.settings import Settings
 from foretoken.wire.codec import encode
+from foretoken.wire.partitioning import model_partition
 from foretoken.wire.records import DeadLetter, Record
 
 log = logging.getLogger(__name__)
+
+
+class ProcessorApp(faust.App):
+    """Faust's app with one hook: ``rebalancer`` runs first at every partition assignment,
+    before Faust seeks the partitions to their committed offsets (a route replica commits
+    where they must start there: :mod:`.replica`)."""
+
+    rebalancer: Rebalancer | None = None
+
+    async def _on_partitions_assigned(self, assigned: Any, generation_id: int = 0) -> None:
+        if self.rebalancer is not None and not self.should_stop:
+            try:
+                await self.rebalancer.on_assigned(self.consumer, set(assigned))
+            except Exception:  # the assignment goes on; readiness shows the lag
+                log.exception("the rebalance hook failed")
+        await super()._on_partitions_assigned(assigned, generation_id)
 
 
 def create_app(
     settings: Settings, index: IndexKeeper | None = None
 ) -> tuple[faust.App, ProcessorState]:
     state = ProcessorState(settings, index)
-    app = faust.App(
-        settings.worker.app_id,
+    app = ProcessorApp(
+        settings.group_id,
         broker=f"kafka://{settings.kafka.bootstrap_servers}",
         store="memory://",
         topic_partitions=settings.layout.partitions,
+        # Faust's web_host only names the server in URLs it builds; web_bind is the address
+        # it listens on (0.0.0.0 by default): both are the one setting worker.web_host.
         web_host=settings.worker.web_host,
+        web_bind=settings.worker.web_host,
         web_port=settings.worker.web_port,
+        # aiohttp's own body limit (1 MiB by default): the route page's, so that a prompt of
+        # route.max_prompt_tokens always fits.
+        web_application_options={"client_max_size": settings.route.body_limit},
         datadir=str(settings.worker_data_path),
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
@@ -53,23 +85,48 @@ def create_app(
         # and the lake sink (join_acks.py, lake_sink.py) are simply read again next time.
         stream_wait_empty=False,
     )
+    app.rebalancer = Rebalancer(state)
     outputs = {
         logical: app.topic(settings.topic(logical), key_serializer="raw", value_serializer="raw")
-        for logical in ("dead_letter", "graded", "controls")
+        for logical in ("dead_letter", "graded", "controls", "members")
     }
     for logical in INPUT_TOPICS:
         _add_consumer(app, state, logical, outputs)
     add_pages(app, state)
-    _add_snapshots(app, state)
+    if state.grading:
+        _add_snapshots(app, state)
     _add_join_expiry(app, state, outputs)
     _add_controls(app, state, outputs)
+    _add_membership(app, state, outputs)
     return app, state
+
+
+def _add_membership(app: faust.App, state: ProcessorState, outputs: dict[str, Any]) -> None:
+    """The members record (every interval), the members view, the lag measurement."""
+
+    @app.timer(interval=state.settings.worker.member_interval_s)
+    async def advertise() -> None:
+        member = state.member()
+        await outputs["members"].send(key=record_key("members", member),
+                                      value=encode(member, state.settings.wire_format))  # fmt: skip
+        state.refresh_share()
+
+    @app.task
+    async def measure_lag() -> None:
+        await refresh_lag(state.settings, state.lag)
+
+    @app.task
+    async def follow() -> None:
+        await follow_members(state.settings, state.members, state.refresh_share)
 
 
 def _add_controls(app: faust.App, state: ProcessorState, outputs: dict[str, Any]) -> None:
     @app.timer(interval=state.settings.controls.evaluate_every_s)
     async def evaluate_controls() -> None:
-        for event in state.control_events():
+        events = state.control_events()
+        if not state.grading:  # a replica's controls act on its decisions; the primary tells
+            return
+        for event in events:
             log.warning(
                 "controls: %s on %s %s -> %s (%s)", event.workload_class, event.worker_id,
                 event.from_stage, event.to_stage, event.reason,
@@ -81,7 +138,8 @@ def _add_join_expiry(app: faust.App, state: ProcessorState, outputs: dict[str, A
     @app.timer(interval=state.settings.join.expiry_interval_s)
     async def expire_join() -> None:
         for graded in state.expire():
-            await _emit(outputs, "graded", graded, state.settings.wire_format)
+            await _emit(outputs, "graded", graded, state.settings.wire_format,
+                        _sharded_partitions(state))  # fmt: skip
         await state.held_acks.release_settled()
 
 
@@ -103,8 +161,13 @@ def _add_snapshots(app: faust.App, state: ProcessorState) -> None:
         state.index.save()
 
 
-async def _emit(outputs: dict[str, Any], logical: str, record: Record, wire_format: Any) -> None:
-    await outputs[logical].send(key=record_key(logical, record), value=encode(record, wire_format))
+async def _emit(outputs: dict[str, Any], logical: str, record: Record, wire_format: Any,
+                partitions: int | None = None) -> None:  # fmt: skip
+    """Send ``record``; with ``partitions`` (sharded by model), to its model's partition."""
+    model = getattr(record, "model", None)
+    partition = model_partition(model, partitions) if partitions and model else None
+    await outputs[logical].send(key=record_key(logical, record), partition=partition,
+                                value=encode(record, wire_format))  # fmt: skip
 
 
 def _add_consumer(
@@ -116,7 +179,8 @@ def _add_consumer(
         add_lake_sink(app, state.lake, name, dispatch, after, _dead_letter_of(state, outputs))
         return
     topic = app.topic(name, key_serializer="raw", value_serializer="raw")
-    held = state.held_acks if logical in ("grants", "outcomes") else None
+    # Held for the join; a replica runs none (it re-reads from a time horizon instead).
+    held = state.held_acks if logical in ("grants", "outcomes") and state.grading else None
 
     async def consume(stream: Any) -> None:
         if held is None:
@@ -140,25 +204,33 @@ def _event_handlers(
     """(dispatch one event, then emit / count / dead-letter its result), for the agents."""
     name = state.settings.topic(logical)
     wire_format = state.settings.wire_format
+    partitions = _sharded_partitions(state)
 
     def dispatch(event: Any) -> Consumed:
         message = event.message
+        state.lag.consumed(name, message.partition, message.offset)
         return state.dispatcher.consume(
             logical, name, message.key, event.value, message.partition, message.offset
         )
 
     async def after(event: Any, result: Consumed) -> None:
         for out_logical, out in result.emit:
-            await _emit(outputs, out_logical, out, wire_format)
+            await _emit(outputs, out_logical, out, wire_format, partitions)
         if result.dead_letter is None:
             state.metrics.consumed.labels(logical).inc()
             return
         dl = result.dead_letter
         state.metrics.dead_lettered.labels(logical, reason_kind(dl.reason)).inc()
+        if not state.grading:  # the primary dead-letters it; a replica only counts it
+            return
         log.warning("dead-letter from %s@%s: %s", name, event.message.offset, dl.reason)
         await outputs["dead_letter"].send(key=name.encode(), value=encode(dl, wire_format))
 
     return dispatch, after
+
+
+def _sharded_partitions(state: ProcessorState) -> int | None:
+    return state.settings.layout.partitions if state.sharded else None
 
 
 def _dead_letter_of(state: ProcessorState, outputs: dict[str, Any]) -> Any:
@@ -193,20 +265,30 @@ def run_worker(settings: Settings) -> None:
     from foretoken.adapters.kafka.readiness import StartupError, wait_for_topics
     from foretoken.adapters.kafka.topics import ensure_topics
 
+    if not settings.binds_loopback_only and not settings.route.token:
+        print(f"error: the processor would listen on {settings.worker.web_host}, which is not "
+              "loopback, and POST /v1/route changes its state: set route.token "
+              "(FORETOKEN_ROUTE_TOKEN), which the router sends, or bind 127.0.0.1",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     settings.worker_data_path.mkdir(parents=True, exist_ok=True)
     try:
         if settings.worker.create_topics:
             asyncio.run(ensure_topics(settings, settings.kafka.startup_timeout_s))
-        topics = (*INPUT_TOPICS, "dead_letter", "controls")
+        topics = (*INPUT_TOPICS, "dead_letter", "controls", "members")
         partitions = asyncio.run(wait_for_topics(settings, topics, service="the processor"))
-        keeper = IndexKeeper.load(
-            settings.topic("kv_events"), snapshot_path(settings), settings.index
-        )
-        group = settings.worker.app_id
-        # Rebuild in-memory state: every registration, and the KV batches the snapshot lacks.
-        for logical, offsets in (("workers", None), ("kv_events", keeper.next_offsets())):
-            name = settings.topic(logical)
-            asyncio.run(rewind_group(settings, group, name, partitions[name], offsets))
+        _check_sharding(settings, partitions)
+        keeper = None
+        if settings.worker.role == "primary":
+            keeper = IndexKeeper.load(
+                settings.topic("kv_events"), snapshot_path(settings), settings.index
+            )
+            group = settings.group_id
+            # Rebuild in-memory state: every registration, the KV batches the snapshot lacks.
+            for logical, offsets in (("workers", None), ("kv_events", keeper.next_offsets())):
+                name = settings.topic(logical)
+                asyncio.run(rewind_group(settings, group, name, partitions[name], offsets))
+        # a route replica loads the snapshot and sets its offsets at each assignment
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
@@ -215,3 +297,20 @@ def run_worker(settings: Settings) -> None:
         log.info("restored the fits from %s", fits_path(settings))
     worker = faust.Worker(app, loglevel=settings.worker.log_level)
     worker.execute_from_commandline()
+
+
+def _check_sharding(settings: Settings, partitions: dict[str, set[int]]) -> None:
+    """Sharded by model, every input topic must have the configured partition count (the
+    producers place records by it; Faust co-partitions only topics of one count)."""
+    from foretoken.adapters.kafka.readiness import StartupError
+
+    if settings.sharding != "model":
+        return
+    members = settings.topic("members")
+    wrong = {t: len(p) for t, p in partitions.items()
+             if len(p) != settings.layout.partitions and t != members}  # fmt: skip
+    if wrong:
+        raise StartupError(
+            f"sharding = model needs {settings.layout.partitions} partitions (layout.partitions) "
+            f"on every input topic; found {wrong}", list(wrong),
+        )  # fmt: skip

@@ -24,7 +24,7 @@ class _FitsFile(msgspec.Struct, frozen=True):
 
 
 def fits_path(settings: Settings) -> Path:
-    return settings.worker_data_path / "fits.snapshot"
+    return settings.snapshot_path / "fits.snapshot"
 
 
 def fits_bytes(settings: Settings, fits: FitRegistry) -> bytes:

@@ -36,7 +36,7 @@ MAX_PENDING_BATCHES = 10_000
 
 
 def snapshot_path(settings: Settings) -> Path:
-    return settings.worker_data_path / "index.snapshot"
+    return settings.snapshot_path / "index.snapshot"
 
 
 class _Snapshot(msgspec.Struct, frozen=True):
@@ -111,6 +111,15 @@ class IndexKeeper:
                 self.dropped_pending += 1
             return
         self.index.apply(record, time.time())
+
+    def adopt(self, other: IndexKeeper) -> None:
+        """Take ``other``'s index, offsets and waiting batches (a snapshot loaded anew by a
+        route replica at a rebalance); this keeper's counters and approximate settings stay."""
+        self.index = other.index
+        self.applied = dict(other.applied)
+        self.restored_from = other.restored_from
+        self.pending = other.pending
+        self.known = set(other.known)
 
     # ------------------------------------------------------------------ snapshots
 

@@ -1,32 +1,102 @@
-"""The processor's web pages (served by Faust's web server on ``worker.web_port``):
-``/healthz /metrics /v1/stats /v1/config /v1/route /v1/cache/{model} /v1/fits /v1/controls``."""
+"""The processor's web pages (served by Faust's web server on ``worker.web_host`` and
+``worker.web_port``): ``/healthz /metrics /v1/stats /v1/staleness /v1/config /v1/route
+/v1/cache/{model} /v1/fits /v1/controls``. The two that take a body (``POST /v1/route``,
+``POST /v1/cache/{model}``) read it with limits, need ``route.token`` when one is set, and
+answer every bad input with a 4xx JSON error naming the field (``adapters/http/route_page.py``).
+
+``/healthz`` is the readiness a router checks (:mod:`foretoken.adapters.kafka.lag`: a route
+replica answers 503 while it catches up). ``/v1/route`` on a route instance sharded by model
+forwards a request for a model it does not own to the owner (from the ``members`` topic),
+once: a forwarded request that still lands on a non-owner gets 421, one with no owner known
+503 (the router then tries another route service, then decides alone).
+"""
 
 from __future__ import annotations
 
 import time
+from typing import cast
 
+import aiohttp
 import faust
 import msgspec
+from aiohttp import web
 from faust.web import Request, Response, View
 
-from foretoken import __version__
+from foretoken.adapters.http.route_page import (
+    TOKEN_HEADER,
+    authorized,
+    error_body,
+    read_body,
+    read_route_request,
+)
 from foretoken.adapters.kafka.metrics import PROMETHEUS_CONTENT_TYPE
 from foretoken.adapters.kafka.processor import ProcessorState
-from foretoken.wire.codec import DecodeError
+from foretoken.wire.route_rpc import RouteRequestError, TokenId
+
+JSON = "application/json"
+FORWARDED_HEADER = "x-foretoken-forwarded"
+FORWARD_TIMEOUT_S = 5.0
+
+
+class CacheQuery(msgspec.Struct, frozen=True):
+    """``POST /v1/cache/{model}``: which prompt to look up."""
+
+    token_ids: tuple[TokenId, ...]
+
+
+def _error(view: View, exc: RouteRequestError) -> Response:
+    code = "unauthorized" if exc.status == 401 else "invalid_route_request"
+    return view.bytes(error_body(exc.message, exc.field, code), status=exc.status,
+                      content_type=JSON)  # fmt: skip
+
+
+def _aiohttp(request: Request) -> web.Request:
+    return cast(web.Request, request)  # Faust's aiohttp driver hands aiohttp's request on
+
+
+async def _cache_query(request: Request, state: ProcessorState, limit: int) -> CacheQuery:
+    cfg = state.settings.route
+    if not authorized(request.headers, cfg):
+        raise RouteRequestError("the cache lookup needs the route token", None, 401)
+    body = await read_body(_aiohttp(request), cfg)
+    try:
+        query = msgspec.json.decode(body, type=CacheQuery)
+    except msgspec.ValidationError as exc:
+        raise RouteRequestError(
+            f"token_ids must be a list of token ids: {exc}", "token_ids"
+        ) from exc
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise RouteRequestError(f"the body is not a JSON object: {exc}", None) from exc
+    if len(query.token_ids) > limit:
+        raise RouteRequestError(f"token_ids: more than {limit} tokens", "token_ids")
+    return query
 
 
 def add_pages(app: faust.App, state: ProcessorState) -> None:
+    sessions: list[aiohttp.ClientSession] = []
+
     @app.page("/healthz")
     async def healthz(self: View, request: Request) -> Response:
-        return self.json({"status": "ok", "version": __version__})
+        status, body = state.health()
+        return self.json(body, status=status)
 
     @app.page("/metrics")
     async def metrics(self: View, request: Request) -> Response:
+        state.metrics.observe_state(state.health()[1], state.memory())
         return self.bytes(state.metrics.render(), content_type=PROMETHEUS_CONTENT_TYPE)
 
     @app.page("/v1/stats")
     async def stats(self: View, request: Request) -> Response:
         return self.json(state.stats())
+
+    @app.page("/v1/staleness")
+    async def staleness(self: View, request: Request) -> Response:
+        """Queue-view staleness since ``?since=<unix ts>`` (default: all kept samples)."""
+        try:
+            since = float(request.query.get("since", 0.0))
+        except ValueError:
+            return self.json({"error": "since must be a unix time in seconds"}, status=400)
+        return self.json(state.staleness_since(since))
 
     @app.page("/v1/config")
     async def config(self: View, request: Request) -> Response:
@@ -36,10 +106,38 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
     class RoutePage(View):
         async def post(self, request: Request) -> Response:
             try:
-                body = state.route(await request.read())
-            except DecodeError as exc:
-                return self.json({"error": exc.reason}, status=400)
-            return self.bytes(body, content_type="application/json")
+                route = await read_route_request(_aiohttp(request), state.settings.route)
+            except RouteRequestError as exc:
+                return _error(self, exc)
+            if not state.owns(route.model):
+                raw = msgspec.msgpack.encode(route)
+                return await self._forward(request, raw, state.owner_of(route.model))
+            return self.bytes(state.route(route), content_type=JSON)
+
+        async def _forward(self, request: Request, raw: bytes, owner: object) -> Response:
+            url = getattr(owner, "url", None)
+            if request.headers.get(FORWARDED_HEADER) or url is None:
+                status = 421 if request.headers.get(FORWARDED_HEADER) else 503
+                return self.json({"error": "not the owner of this model, and no owner "
+                                  "known" if url is None else "forwarded to a non-owner"},
+                                 status=status)  # fmt: skip
+            if not sessions:
+                sessions.append(aiohttp.ClientSession())
+            state.forwarded += 1
+            forward_headers = {"Content-Type": "application/msgpack",
+                               FORWARDED_HEADER: state.settings.instance_id}  # fmt: skip
+            if state.settings.route.token:
+                forward_headers[TOKEN_HEADER] = state.settings.route.token
+            try:
+                async with sessions[0].post(
+                    f"{url}/v1/route", data=raw,
+                    headers=forward_headers,
+                    timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S),
+                ) as resp:  # fmt: skip
+                    body = await resp.read()
+                    return self.bytes(body, content_type="application/json", status=resp.status)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return self.json({"error": f"owner {url} unreachable: {exc}"}, status=503)
 
     @app.page("/v1/controls")
     async def controls(self: View, request: Request) -> Response:
@@ -60,8 +158,8 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
 
         async def post(self, request: Request, model: str) -> Response:
             """Body ``{"token_ids": [...]}``: every worker's cached prefix of that prompt."""
-            body = await request.json()
-            tokens = body.get("token_ids") if isinstance(body, dict) else None
-            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-                return self.json({"error": "token_ids must be a list of ints"}, status=400)
-            return self.json(state.index.lookup_page(model, tokens))
+            try:
+                query = await _cache_query(request, state, state.settings.route.max_prompt_tokens)
+            except RouteRequestError as exc:
+                return _error(self, exc)
+            return self.json(state.index.lookup_page(model, list(query.token_ids)))

@@ -1,14 +1,67 @@
-"""Producing records to foretoken topics (aiokafka, idempotent, batched with linger)."""
+"""Producing records to foretoken topics (aiokafka, idempotent, batched with linger), and
+where each goes: by its key (Kafka's default), or by its model when the topics are sharded
+(:mod:`foretoken.wire.partitioning`)."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from foretoken.settings import Settings
 from foretoken.wire.codec import encode
+from foretoken.wire.partitioning import SHARDED_TOPICS, model_partition
 from foretoken.wire.records import RECORD_TYPES, Record
 
+log = logging.getLogger(__name__)
 LINGER_MS = 5
+# Request id -> model of the grants a producer sent, for their outcomes (which name no
+# model); a worker's model is remembered too, for outcomes past this memory.
+REQUEST_MODEL_MEMORY = 100_000
+
+
+class Partitioner:
+    """The partition of a record: ``None`` (by key) unless ``sharding = "model"``, then the
+    model's. An outcome names no model: it is the model of its grant (the same producer
+    sends a request's grant before its outcomes) or of its worker (from the registrations,
+    batches and grants this producer has sent, or ``models`` given up front); one that
+    matches none goes by key and is counted in ``unplaced``."""
+
+    def __init__(self, settings: Settings, models: dict[str, str] | None = None) -> None:
+        self.enabled = settings.sharding == "model"
+        self.partitions = settings.layout.partitions
+        self.worker_model: dict[str, str] = dict(models or {})
+        self.request_model: OrderedDict[str, str] = OrderedDict()
+        self.unplaced = 0
+
+    def partition(self, logical: str, record: Record) -> int | None:
+        if not self.enabled or logical not in SHARDED_TOPICS:
+            return None
+        model: str | None = getattr(record, "model", None)
+        worker: str = getattr(record, "worker_id", None) or ""
+        request: str = getattr(record, "request_id", None) or ""
+        if logical == "outcomes":
+            model = self.request_model.get(request) or self.worker_model.get(worker)
+        elif model is not None:
+            if worker:
+                self.worker_model[worker] = model
+            if logical == "grants":
+                self.request_model[request] = model
+                if len(self.request_model) > REQUEST_MODEL_MEMORY:
+                    self.request_model.popitem(last=False)
+        if model is None:
+            self.unplaced += 1
+            if self.unplaced == 1:
+                log.warning("%s record without a known model goes by key (sharding)", logical)
+            return None
+        return model_partition(model, self.partitions)
+
+
+RESTART_STOP_TIMEOUT_S = 10.0
 
 
 def record_key(logical: str, record: Record) -> bytes:
@@ -16,6 +69,8 @@ def record_key(logical: str, record: Record) -> bytes:
     attr = "worker_id" if logical in ("workers", "kv_events", "controls") else "request_id"
     if logical == "dead_letter":
         attr = "source"
+    elif logical == "members":
+        attr = "instance_id"
     value = getattr(record, attr)
     return str(value).encode()
 
@@ -23,11 +78,29 @@ def record_key(logical: str, record: Record) -> bytes:
 class RecordProducer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.kafka.bootstrap_servers,
+        self._producer = self._new()
+        self.restarts = 0
+        self.partitioner = Partitioner(settings)  # by model when the topics are sharded
+
+    def _new(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka.bootstrap_servers,
             enable_idempotence=True,
             linger_ms=LINGER_MS,
+            max_request_size=self.settings.kafka.max_request_bytes,
         )
+
+    async def restart(self) -> None:
+        """A new producer (a new producer id) in place of this one. After a record failed, an
+        idempotent aiokafka producer refuses every later record of that partition
+        (OutOfOrderSequenceNumber); a new one starts clean. The old one is stopped after the
+        new one runs (what it still held completes or fails through its futures)."""
+        old, self._producer = self._producer, self._new()
+        await self._producer.start()
+        self.restarts += 1
+        # what went wrong with the records it still held is in their futures
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(old.stop(), RESTART_STOP_TIMEOUT_S)
 
     async def __aenter__(self) -> RecordProducer:
         await self._producer.start()
@@ -46,11 +119,22 @@ class RecordProducer:
             self.settings.topic(logical),
             value=encode(record, self.settings.wire_format),
             key=record_key(logical, record),
+            partition=self.partitioner.partition(logical, record),
         )
 
     async def send_raw(self, logical: str, value: bytes, key: bytes | None = None) -> None:
         """Bytes as they are (tests and the demo use it to show dead-lettering)."""
         await self._producer.send(self.settings.topic(logical), value=value, key=key)
+
+    async def send_value(
+        self, logical: str, value: bytes, key: bytes | None
+    ) -> asyncio.Future[Any]:
+        """Encoded bytes; returns the delivery future (the send itself raises what aiokafka
+        refuses at once, e.g. a record over ``kafka.max_request_bytes``)."""
+        future: asyncio.Future[Any] = await self._producer.send(
+            self.settings.topic(logical), value=value, key=key
+        )
+        return future
 
     async def flush(self) -> None:
         await self._producer.flush()

@@ -51,10 +51,12 @@ REFERENCE_B_S_PER_TOKEN2: Final = 3.7e-11
 DEFAULT_SAFETY: Final = 1.25
 DEFAULT_A_S_PER_TOKEN: Final = 1.2e-4 * DEFAULT_SAFETY
 DEFAULT_B_S_PER_TOKEN2: Final = 2.0e-9 * DEFAULT_SAFETY
-# Same reasoning for the step costs (simulator fleets: overhead ≤ 15 ms, ≤ 0.3 ms per
-# sequence plus a context-length term that a fit absorbs into per_seq).
-DEFAULT_STEP_OVERHEAD_S: Final = 0.02
-DEFAULT_DECODE_S_PER_SEQ: Final = 2.0e-3
+# The step costs' default sits at the envelope of known engines, not far above it
+# (simulator fleets: overhead ≤ 15 ms, ≤ 0.3 ms per sequence plus a context-length term
+# that a fit absorbs into per_seq): a step default several times too slow makes every
+# replayed step with many decoders too slow, and — with the KV model — keeps their blocks.
+DEFAULT_STEP_OVERHEAD_S: Final = 0.015
+DEFAULT_DECODE_S_PER_SEQ: Final = 5.0e-4
 # Below this many prompt tokens fixed per-request latency (HTTP, one scheduler step)
 # dominates TTFT, and a·N + b·N² (no constant term) does not describe it.
 MIN_COLD_PROMPT_TOKENS: Final = 128
@@ -108,6 +110,10 @@ class FitConfig:
     default_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     default_per_seq_s: float = DEFAULT_DECODE_S_PER_SEQ
     max_configs_per_worker: int = 4  # a worker's oldest configurations' fits are dropped
+    # A worker still on a default curve or step cost predicts with the median of its fitted
+    # peers' (same configuration, else same engine and version, else same model).
+    pooled_priors: bool = True
+    busy_min_samples: int = 3  # a busy-chain fit answers from this many samples
 
     def __post_init__(self) -> None:
         defaults = (self.default_a, self.default_b, self.default_overhead_s, self.default_per_seq_s)
@@ -462,6 +468,38 @@ class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
 
     def _columns(self, x: FloatArray, c: FloatArray) -> tuple[FloatArray, FloatArray]:
         return x - c, x * x - c * c
+
+
+class BusyChainFit(OnlinePrefillFit):
+    """The prefill curve from busy chains (:mod:`foretoken.core.cost.busy_chains`): each
+    sample is the regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)`` of several prompts and
+    the seconds their prefill took. ``b`` is fixed (the reference deployment's), ``a`` is
+    the decayed weighted median of ``(seconds − b·v) / u``: robust to the heavy two-sided
+    noise of such samples, and needing no spread of N."""
+
+    def __init__(self, config: FitConfig, b: float = REFERENCE_B_S_PER_TOKEN2) -> None:
+        super().__init__(config)
+        self._b = b
+
+    def observe_uv(self, u: float, v: float, seconds: float, ts: float) -> bool:
+        return u > 0 and v >= 0 and self._add(float(u), seconds, ts, float(v))
+
+    def _ready(self) -> bool:
+        return self.samples >= self.config.busy_min_samples
+
+    def _refit(self) -> None:
+        self._pending, self._value = 0, None
+        if not self._ready():
+            return
+        n, cfg = self.samples, self._robust
+        seq = self._seq[:n]
+        log2_weight = np.zeros(n)
+        if cfg.half_life_samples is not None:
+            log2_weight -= (seq.max() - seq) / cfg.half_life_samples
+        u, v, y = self._x[:n], self._c[:n], self._y[:n]
+        a = max(_weighted_median((y - self._b * v) / u, np.exp2(log2_weight)), 0.0)
+        self._solution = _Solution(a, self._b, None, n)
+        self._version += 1
 
 
 class StepCostFit(_OnlineFit[StepCost]):

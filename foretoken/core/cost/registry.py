@@ -4,17 +4,26 @@
 * :class:`FitRegistry` keeps one :class:`~foretoken.core.cost.fit.OnlinePrefillFit` and one
   :class:`~foretoken.core.cost.fit.StepCostFit` per ``(worker_id, config_hash)``: a configuration
   change starts fresh fits, the old ones are kept under their own key.
+
+**Pooled priors.** A worker that has no fit of its own yet (a cold start on a worker that
+is never idle gets no cold sample for a long time) predicts with the median of the fitted
+values of its closest peers — the workers registered with the same configuration hash, else
+the same engine and version, else the same model — instead of the conservative default; its
+own fit takes over as soon as it has one. Such a value is still flagged ``default``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from statistics import median
+from typing import Final, TypeVar
 
 import msgspec
 
 from foretoken.core.cost.fit import (
     SNAPSHOT_VERSION,
+    BusyChainFit,
     FitConfig,
     FitState,
     OnlinePrefillFit,
@@ -25,6 +34,8 @@ from foretoken.core.cost.fit import (
 from foretoken.core.types import WorkerId, WorkerProfile
 
 # --------------------------------------------------------------------------- registry
+
+V = TypeVar("V", PrefillCurve, StepCost)
 
 
 @dataclass(slots=True)
@@ -88,6 +99,8 @@ class FitRegistry:
         self._fits: dict[tuple[WorkerId, str], WorkerFits] = {}
         self._current: dict[WorkerId, str] = {}
         self._registered: set[WorkerId] = set()
+        # (model, engine, engine version) of each registered worker, for pooled priors
+        self._kind: dict[WorkerId, tuple[str, str, str]] = {}
         self._clock = 0
         self._default_curve = OnlinePrefillFit(config).curve
         self._default_step = StepCostFit(config).cost
@@ -100,8 +113,10 @@ class FitRegistry:
                 del self._fits[key]
             self._current.pop(worker, None)
             self._registered.discard(worker)
+            self._kind.pop(worker, None)
             return
         self._registered.add(worker)
+        self._kind[worker] = (registration.model, registration.engine, registration.engine_version)
         self._current[worker] = registration.config_hash
         self._entry(worker, registration.config_hash)
 
@@ -126,6 +141,19 @@ class FitRegistry:
         if fits.busy is None:
             fits.busy = OnlinePrefillFit(self.config)
         return fits.busy.observe(n_tokens, seconds, ts, cached_tokens)
+
+    def observe_busy_chain(
+        self, worker_id: WorkerId, config_hash: str, u: float, v: float, seconds: float,
+        ts: float,
+    ) -> bool:  # fmt: skip
+        """A busy chain (:mod:`foretoken.core.cost.busy_chains`): consecutive first tokens
+        of a never-idle worker, their gaps summed less the steps' overhead and decode, and
+        the prompts' regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)``. Like busy samples, it
+        bootstraps a worker without cold samples (it replaces a per-prompt busy fit)."""
+        fits = self._for_sample(worker_id, config_hash)
+        if not isinstance(fits.busy, BusyChainFit):
+            fits.busy = BusyChainFit(self.config)
+        return fits.busy.observe_uv(u, v, seconds, ts)
 
     def observe_decode(
         self, worker_id: WorkerId, config_hash: str, tpot_s: float, mean_running: float, ts: float
@@ -164,13 +192,58 @@ class FitRegistry:
         return None if key is None else self._fits.get((worker_id, key))
 
     def curve(self, worker_id: WorkerId) -> PrefillCurve:
-        """The worker's current prefill curve (the default for a worker not seen yet)."""
+        """The worker's current prefill curve (pooled, else the default, for a worker
+        without a fit of its own)."""
+        curve = self.own_curve(worker_id)
+        if not curve.default or not self.config.pooled_priors:
+            return curve
+        pooled = self._pooled(worker_id, self.own_curve, ("a", "b"))
+        return curve if pooled is None else replace(curve, a=pooled[0], b=pooled[1])
+
+    def step_cost(self, worker_id: WorkerId) -> StepCost:
+        step = self.own_step_cost(worker_id)
+        if not step.default or not self.config.pooled_priors:
+            return step
+        pooled = self._pooled(worker_id, self.own_step_cost, ("overhead_s", "per_seq_s"))
+        return step if pooled is None else replace(step, overhead_s=pooled[0], per_seq_s=pooled[1])
+
+    def own_curve(self, worker_id: WorkerId) -> PrefillCurve:
+        """The worker's own current prefill curve (the default without a fit)."""
         fits = self.fits(worker_id)
         return self._default_curve if fits is None else fits.curve
 
-    def step_cost(self, worker_id: WorkerId) -> StepCost:
+    def has_cold_fit(self, worker_id: WorkerId) -> bool:
+        """Whether the worker's current configuration has a fit from cold samples."""
+        fits = self.fits(worker_id)
+        return fits is not None and not fits.prefill.curve.default
+
+    def own_step_cost(self, worker_id: WorkerId) -> StepCost:
         fits = self.fits(worker_id)
         return self._default_step if fits is None else fits.step.cost
+
+    def peers(self, worker_id: WorkerId) -> list[list[WorkerId]]:
+        """Registered peers, closest group first: same configuration hash, same engine
+        and version (and model), same model."""
+        kind = self._kind.get(worker_id)
+        if kind is None:
+            return []
+        mine = self._current.get(worker_id)
+        others = [w for w in self._kind if w != worker_id and self._kind[w][0] == kind[0]]
+        return [
+            [w for w in others if self._current.get(w) == mine],
+            [w for w in others if self._kind[w] == kind],
+            others,
+        ]
+
+    def _pooled(
+        self, worker_id: WorkerId, own: Callable[[WorkerId], V], names: tuple[str, str]
+    ) -> tuple[float, float] | None:
+        for group in self.peers(worker_id):
+            fitted = [v for v in map(own, group) if not v.default]
+            if fitted:
+                first, second = (median(getattr(v, n) for v in fitted) for n in names)
+                return first, second
+        return None
 
     def describe(self) -> list[dict[str, object]]:
         """One row per (worker, configuration), newest configuration first, for a web page."""

@@ -286,9 +286,11 @@ def clear(worker: Worker, tier: int | None) -> None:
             worker.untouch([own])
 
 
-def reset(worker: Worker, reason: str, stats: ApplyStats) -> None:
+def reset(worker: Worker, reason: str, stats: ApplyStats, approximate: bool = True) -> None:
+    """Forget the worker's blocks; its view stays flagged ``approximate`` unless the caller
+    knows the engine's cache is empty too (a restarted engine)."""
     clear(worker, None)
-    worker.approximate = True
+    worker.approximate = approximate
     worker.resets += 1
     worker.reset_reason = reason
     stats.resets += 1

@@ -165,7 +165,8 @@ class PrefixIndex:
                 events.clear(worker, None if medium is None else tier_index(medium))
                 stats.clears += 1
             elif kind is IndexReset:
-                events.reset(worker, event.reason, stats)  # type: ignore[union-attr]
+                reset = event  # an IndexReset
+                events.reset(worker, reset.reason, stats, reset.approximate)  # type: ignore[union-attr]
         worker.last_seq[batch.dp_rank] = batch.seq
         if worker.lru is not None and worker.sweep_due(now_s):
             events.sweep(worker, now_s, stats)

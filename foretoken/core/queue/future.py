@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from foretoken.core.queue.scheduler import (
+    KvModel,
     NewRequest,
     QueuePrediction,
     StepCost,
@@ -48,6 +49,7 @@ class Future:
     end_s: float  # when the last sequence leaves (the engine is idle after it)
     drained_s: float | None  # when nothing is left to prefill (None: nothing was)
     tokens_ahead: int
+    kv: KvModel | None = None
 
     @classmethod
     def record(
@@ -68,7 +70,7 @@ class Future:
         if drained_s is not None and math.isnan(drained_s):
             raise RuntimeError("the replay stalled before the queue drained")
         return cls(settings, cost, ready_s, begin_s, tuple(stretches), scheduler.free_at_s,
-                   drained_s, tokens_ahead)  # fmt: skip
+                   drained_s, tokens_ahead, scheduler.kv)  # fmt: skip
 
     def drain_s(self, now_s: float) -> float:
         """Seconds from ``now_s`` until every prompt in the queue is prefilled."""
@@ -81,6 +83,10 @@ class Future:
         ``new_request`` arriving at ``now_s`` behind this queue."""
         settings, cost = self.settings, self.cost
         first, prompt = prefill_span(new_request.prompt_tokens, new_request.cached_tokens)
+        kv = self.kv
+        blocks = kv_cap = 0
+        if kv is not None:
+            blocks, kv_cap = kv.blocks(prompt, first, new_request.output_tokens), kv.gpu_blocks
         chunked = settings.chunked_prefill
         cap = settings.long_prefill_token_threshold if chunked else 0
         budget, max_seqs = settings.max_num_batched_tokens, settings.max_num_seqs
@@ -88,7 +94,8 @@ class Future:
         done_s: float | None = None
         for st in self.stretches:
             left = st.budget_left
-            if left <= 0 or (not admitted and (st.running >= max_seqs or st.waiting)):
+            blocked = st.running >= max_seqs or st.waiting or st.kv_used + blocks > kv_cap > 0
+            if left <= 0 or (not admitted and blocked):
                 steps += st.steps
                 continue
             if not chunked:  # serial: the whole prompt in one step, when it may start

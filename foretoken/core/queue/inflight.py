@@ -26,6 +26,7 @@ from foretoken.core.queue.scheduler import (
     _PREFILLING,
     _WAITING,
     MIN_OUTPUT_TOKENS_LEFT,
+    KvModel,
     NewRequest,
     Phase,
     QueuePrediction,
@@ -44,9 +45,10 @@ class InFlightEstimate:
     """A running simulation of one worker's engine over the requests sent to it, keyed
     by an id, advanced lazily (:meth:`advance`) and corrected by observations."""
 
-    def __init__(self, settings: SchedulerSettings) -> None:
+    def __init__(self, settings: SchedulerSettings, kv: KvModel | None = None) -> None:
         self.settings = settings
-        self._scheduler = _Scheduler(settings, retire=False)
+        self.kv = kv
+        self._scheduler = _Scheduler(settings, retire=False, kv=kv)
         self._seqs: dict[object, _Seq] = {}
         self._version = 0  # bumped by every change of the simulation
         self._future: Future | NativeFuture | None = None
@@ -78,6 +80,7 @@ class InFlightEstimate:
         self._version += 1
         first, prompt = prefill_span(prompt_tokens, cached_tokens)
         seq = _Seq(first, first, prompt, max(output_tokens, MIN_OUTPUT_TOKENS_LEFT), key)
+        seq.blocks = self._scheduler.blocks_of(seq, output_tokens)
         self._wake(at_s)
         self._scheduler.waiting.append(seq)
         self._seqs[key] = seq
@@ -97,6 +100,7 @@ class InFlightEstimate:
             scheduler.waiting.remove(seq)
             seq.order = scheduler.next_order
             scheduler.next_order += 1
+            scheduler.kv_used += seq.blocks  # it runs on the engine: its blocks are taken
         else:
             scheduler.prefilling.remove(seq)
         seq.computed = seq.end
@@ -112,8 +116,20 @@ class InFlightEstimate:
             scheduler.waiting.remove(seq)
         elif seq.where == _PREFILLING:
             scheduler.prefilling.remove(seq)
+            scheduler.kv_used -= seq.blocks
         else:
             scheduler.drop_decoder(seq)
+
+    def admission_blocked(self) -> bool:
+        """Whether the head of the waiting queue cannot start now: ``max_num_seqs`` run,
+        or its KV blocks do not fit (the engine then runs steps that only decode)."""
+        scheduler = self._scheduler
+        if not scheduler.waiting:
+            return False
+        if scheduler.running_count >= scheduler.max_seqs:
+            return True
+        head = scheduler.waiting[0].blocks
+        return scheduler.kv_used > 0 and scheduler.kv_used + head > scheduler.kv_cap
 
     def phase(self, key: object) -> Phase | None:
         seq = self._seqs.get(key)
@@ -186,13 +202,14 @@ class InFlightEstimate:
         copy = _Seq(seq.first, computed, seq.end, seq.expected, seq.key)
         copy.order = seq.order
         copy.where = _PREFILLING
+        copy.blocks = seq.blocks
         return copy
 
     def _replay_copy(self) -> tuple[_Scheduler, int]:
         """A scheduler for a replay of the future, at the estimate's step count (decoders
         are shared: a replay never changes them), and the prefill tokens it has left."""
         source = self._scheduler
-        scheduler = _Scheduler(self.settings, retire=True)
+        scheduler = _Scheduler(self.settings, retire=True, kv=self.kv)
         scheduler.free_at_s = source.free_at_s
         scheduler.next_order = source.next_order
         scheduler.steps = base = source.steps
@@ -213,7 +230,11 @@ class InFlightEstimate:
             scheduler.dec_done = [max(d, base + MIN_OUTPUT_TOKENS_LEFT) for d in done]
         scheduler.prefilling = prefilling
         for seq in source.waiting:
-            scheduler.waiting.append(_Seq(seq.first, seq.computed, seq.end, seq.expected))
+            copy = _Seq(seq.first, seq.computed, seq.end, seq.expected)
+            copy.blocks = seq.blocks
+            scheduler.waiting.append(copy)
+        scheduler.kv_used = sum(s.blocks for s in prefilling)
+        scheduler.kv_used += sum(s.blocks for s in scheduler.dec_seqs)
         tokens_ahead = sum(s.end - s.computed for s in prefilling)
         tokens_ahead += sum(s.end - s.computed for s in scheduler.waiting)
         return scheduler, tokens_ahead

@@ -125,6 +125,25 @@ class QueueState:
 class NewRequest:
     prompt_tokens: int
     cached_tokens: int = 0
+    # Output tokens it reserves KV blocks for (only read with a :class:`KvModel`).
+    output_tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KvModel:
+    """The engine's KV capacity as its registration reports it. An admitted sequence
+    reserves every block it will need, ``ceil((prompt + output − 1) / block_size)`` less
+    the blocks of its credited cached prefix (shared with whoever holds them), and the
+    head of the waiting queue — with everyone behind it — waits until its blocks fit
+    (a sequence alone on the engine always starts)."""
+
+    gpu_blocks: int
+    block_size: int
+
+    def blocks(self, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> int:
+        total = -(-(prompt_tokens + max(output_tokens, 1) - 1) // self.block_size)
+        total -= max(cached_tokens, 0) // self.block_size
+        return max(min(total, self.gpu_blocks), 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +184,7 @@ class Stretch:
     budget_left: int
     running: int
     waiting: int
+    kv_used: int = 0  # KV blocks the running sequences reserve (with a KvModel)
 
     def end_of_step_s(self, j: int, cost: StepCost) -> float:
         """When the stretch's ``j``-th step (1-based) ends."""
@@ -184,7 +204,9 @@ _GONE: Final = 3
 class _Seq:
     """A sequence inside a replay (mutable; compared by identity)."""
 
-    __slots__ = ("computed", "end", "expected", "first", "key", "left", "order", "seen", "where")
+    __slots__ = (
+        "blocks", "computed", "end", "expected", "first", "key", "left", "order", "seen", "where",
+    )  # fmt: skip
 
     def __init__(self, first: int, computed: int, end: int, left: int, key: object = None) -> None:
         self.first = first  # first uncached prompt token
@@ -196,6 +218,7 @@ class _Seq:
         self.seen = False  # its first token was seen
         self.order = -1  # admission order once running
         self.where = _WAITING
+        self.blocks = 0  # KV blocks reserved while running (with a KvModel)
 
 
 class _Scheduler:
@@ -208,7 +231,12 @@ class _Scheduler:
     without it they stay until removed (the in-flight estimate, which learns of
     completions from outcomes)."""
 
-    def __init__(self, settings: SchedulerSettings, *, retire: bool) -> None:
+    def __init__(
+        self, settings: SchedulerSettings, *, retire: bool, kv: KvModel | None = None
+    ) -> None:
+        self.kv = kv
+        self.kv_cap = kv.gpu_blocks if kv is not None else 0
+        self.kv_used = 0
         self.budget = settings.max_num_batched_tokens
         self.max_seqs = settings.max_num_seqs
         self.chunked = settings.chunked_prefill
@@ -243,6 +271,10 @@ class _Scheduler:
             return uncached
         return min(uncached, self.cap or self.budget, self.budget)
 
+    def blocks_of(self, seq: _Seq, output_tokens: int) -> int:
+        kv = self.kv
+        return 0 if kv is None else kv.blocks(seq.end, seq.first, output_tokens)
+
     def start_decoding(self, seq: _Seq, tokens_left: int) -> None:
         index = bisect_left(self.dec_orders, seq.order)
         self.dec_orders.insert(index, seq.order)
@@ -254,6 +286,7 @@ class _Scheduler:
         index = self.dec_seqs.index(seq)
         del self.dec_orders[index], self.dec_done[index], self.dec_seqs[index]
         seq.where = _GONE
+        self.kv_used -= seq.blocks
 
     def run_stretch(self, cost: StepCost, until_s: float = math.inf) -> bool:
         """Run the next step and every identical one after it that starts before
@@ -280,7 +313,8 @@ class _Scheduler:
             )
             left = self.budget - decoders - sum(sizes)
             running = len(self.prefilling) + len(self.dec_orders)
-            stretch = Stretch(start_s, steps, per_step_s, chunks, left, running, len(self.waiting))
+            stretch = Stretch(start_s, steps, per_step_s, chunks, left, running, len(self.waiting),
+                              self.kv_used)  # fmt: skip
             self.record.append(stretch)
         self._advance(sizes, decoders, steps)
         return True
@@ -325,8 +359,11 @@ class _Scheduler:
         chunked, cap = self.chunked, self.cap
         running = len(prefilling) + len(self.dec_orders)
         admitted = False
+        kv_used, kv_cap = self.kv_used, self.kv_cap
         while waiting and budget > 0 and running < self.max_seqs:
             seq = waiting[0]
+            if kv_used and kv_used + seq.blocks > kv_cap:
+                break  # its KV blocks do not fit: it waits, and everyone behind it
             size = seq.end - seq.computed
             if chunked:
                 size = cap if 0 < cap < size else size
@@ -337,11 +374,13 @@ class _Scheduler:
             seq.order = self.next_order
             self.next_order += 1
             seq.where = _PREFILLING
+            kv_used += seq.blocks
             prefilling.append(seq)
             sizes.append(size)
             budget -= size
             running += 1
             admitted = True
+        self.kv_used = kv_used
         return admitted
 
     def _run_length(self, sizes: list[int], decoders: int) -> int:
@@ -404,12 +443,15 @@ class _Scheduler:
         seq.left -= 1
         if self.retire and seq.left <= 0:
             seq.where = _GONE
+            self.kv_used -= seq.blocks
         else:
             self.start_decoding(seq, seq.left)
 
     def _retire_decoders(self) -> None:
         now = self.steps
         kept = [d > now for d in self.dec_done]
+        if self.kv is not None:
+            self.kv_used -= sum(s.blocks for s, k in zip(self.dec_seqs, kept, strict=True) if not k)
         self.dec_orders = list(compress(self.dec_orders, kept))
         self.dec_done = list(compress(self.dec_done, kept))
         self.dec_seqs = list(compress(self.dec_seqs, kept))
@@ -427,6 +469,7 @@ def _run_to_first_token(
 ) -> QueuePrediction:
     first, prompt = prefill_span(new_request.prompt_tokens, new_request.cached_tokens)
     target = _Seq(first, first, prompt, _NEVER_LEAVES)
+    target.blocks = scheduler.blocks_of(target, new_request.output_tokens)
     scheduler.waiting.append(target)
     scheduler.free_at_s = max(scheduler.free_at_s, now_s)
     steps_before = scheduler.steps
@@ -454,12 +497,16 @@ def _run_to_drain(scheduler: _Scheduler, now_s: float, cost: StepCost) -> float:
     return scheduler.free_at_s - now_s
 
 
-def _scheduler_from(settings: SchedulerSettings, queue_state: QueueState) -> _Scheduler:
-    scheduler = _Scheduler(settings, retire=True)
+def _scheduler_from(
+    settings: SchedulerSettings, queue_state: QueueState, kv: KvModel | None = None
+) -> _Scheduler:
+    scheduler = _Scheduler(settings, retire=True, kv=kv)
     scheduler.free_at_s = queue_state.free_at_s
     scheduler.next_order = len(queue_state.running)
     for order, state in enumerate(queue_state.running):
         seq = _seq_from(state)
+        seq.blocks = scheduler.blocks_of(seq, seq.left)
+        scheduler.kv_used += seq.blocks
         seq.order = order
         if seq.computed < seq.end:
             seq.where = _PREFILLING
@@ -469,7 +516,10 @@ def _scheduler_from(settings: SchedulerSettings, queue_state: QueueState) -> _Sc
             scheduler.dec_orders.append(order)
             scheduler.dec_done.append(seq.left)  # at step 0: its last token's step
             scheduler.dec_seqs.append(seq)
-    scheduler.waiting.extend(_seq_from(state) for state in queue_state.waiting)
+    for state in queue_state.waiting:
+        seq = _seq_from(state)
+        seq.blocks = scheduler.blocks_of(seq, seq.left)
+        scheduler.waiting.append(seq)
     return scheduler
 
 
@@ -488,11 +538,13 @@ def simulate_until_first_token(
     new_request: NewRequest,
     now_s: float,
     cost: StepCost,
+    kv: KvModel | None = None,
 ) -> QueuePrediction:
     """Replay the worker's scheduler from ``now_s`` (or from the end of its current step)
     with ``new_request`` arriving at ``now_s`` behind everything in ``queue_state``; the
-    step that completes its prompt yields its first token."""
-    scheduler = _scheduler_from(settings, queue_state)
+    step that completes its prompt yields its first token (with ``kv``, admission also
+    waits for KV blocks)."""
+    scheduler = _scheduler_from(settings, queue_state, kv)
     return _run_to_first_token(scheduler, new_request, now_s, cost, queue_state.prefill_tokens_left)
 
 

@@ -26,6 +26,7 @@ import msgspec
 
 from foretoken.core.queue.inflight import InFlightEstimate
 from foretoken.core.queue.scheduler import (
+    KvModel,
     NewRequest,
     QueuePrediction,
     QueueState,
@@ -96,15 +97,19 @@ _encoder = msgspec.msgpack.Encoder()
 class WorkerQueue:
     """The outstanding requests of one worker and the estimate of its engine's queue."""
 
-    def __init__(self, settings: SchedulerSettings, *, memory: int = DEFAULT_MEMORY) -> None:
+    def __init__(
+        self, settings: SchedulerSettings, *, memory: int = DEFAULT_MEMORY,
+        kv: KvModel | None = None,
+    ) -> None:  # fmt: skip
         self._settings = settings
+        self._kv = kv  # the engine's KV capacity, when the worker reported it
         self._memory = memory
         self._requests: dict[RequestId, Outstanding] = {}
         self._finished: dict[RequestId, None] = {}  # insertion-ordered, bounded
         self._early_first_tokens: dict[RequestId, float] = {}
         self._pending: list[_Event] = []
         self._event_count = 0
-        self._estimate = InFlightEstimate(settings)
+        self._estimate = InFlightEstimate(settings, kv)
         self._last_cost: StepCost | None = None
 
     @property
@@ -197,6 +202,11 @@ class WorkerQueue:
         self._catch_up(now_s, cost)
         return self._estimate.predict(new_request, now_s, cost)
 
+    def admission_blocked(self, now_s: float, cost: StepCost) -> bool:
+        """Whether the estimate at ``now_s`` has a waiting head that cannot start."""
+        self._catch_up(now_s, cost)
+        return self._estimate.admission_blocked()
+
     def drain_s(self, now_s: float, cost: StepCost) -> float:
         """Seconds until every prompt now queued here is prefilled (for Retry-After)."""
         self._catch_up(now_s, cost)
@@ -278,13 +288,15 @@ class WorkerQueue:
         return _encoder.encode(state)
 
     @classmethod
-    def restore(cls, data: bytes, *, memory: int = DEFAULT_MEMORY) -> WorkerQueue:
+    def restore(
+        cls, data: bytes, *, memory: int = DEFAULT_MEMORY, kv: KvModel | None = None
+    ) -> WorkerQueue:
         state = _decoder.decode(data)
         if state.version != SNAPSHOT_VERSION:
             raise ValueError(
                 f"snapshot version {state.version}, this build reads {SNAPSHOT_VERSION}"
             )
-        queue = cls(state.settings, memory=memory)
+        queue = cls(state.settings, memory=memory, kv=kv)
         for item in state.requests:
             rid = RequestId(item.request_id)
             queue._requests[rid] = Outstanding(
@@ -334,7 +346,7 @@ class WorkerQueue:
     def _rebuild(self) -> None:
         """Start the estimate afresh: replay every outstanding request from its send time,
         with the first tokens seen."""
-        self._estimate = InFlightEstimate(self._settings)
+        self._estimate = InFlightEstimate(self._settings, self._kv)
         self._pending = []
         for entry in sorted(self._requests.values(), key=lambda e: e.sent_at_s):
             self._push(entry.sent_at_s, _ARRIVE, entry)

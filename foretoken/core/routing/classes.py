@@ -8,6 +8,8 @@ the budget it leaves. These are the core's own configuration types: the one sett
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 
@@ -67,7 +69,13 @@ class ControlSettings(msgspec.Struct, kw_only=True, frozen=True):
     corroborating_queue_tokens: int = 8192
     # Retry-After of a request turned away by admission control.
     admission_retry_after_s: float = 5.0
-    # An admitted request without any outcome for this long is forgotten (a lost outcome).
+    # An admitted request without an outcome counts (as a lower bound of its queue time, and
+    # its prompt in the worker's queued tokens) until its horizon: this many times its
+    # predicted TTFT (the class's objective when it has none), at least pending_horizon_min_s
+    # and at most pending_max_age_s (the processor caps that at router.engine_timeout_s, by
+    # which the router has ended every request). Then it is taken as lost.
+    pending_horizon_factor: float = 4.0
+    pending_horizon_min_s: float = 30.0
     pending_max_age_s: float = 900.0
 
     def __post_init__(self) -> None:
@@ -79,6 +87,18 @@ class ControlSettings(msgspec.Struct, kw_only=True, frozen=True):
             raise ValueError("recovery_fraction must be within (0, 1)")
         if self.window_s <= 0 or self.min_samples < 1:
             raise ValueError("window_s must be > 0 and min_samples >= 1")
+        if not 0 < self.pending_horizon_min_s <= self.pending_max_age_s:
+            raise ValueError("need 0 < pending_horizon_min_s <= pending_max_age_s")
+        if self.pending_horizon_factor < 1:
+            raise ValueError("pending_horizon_factor must be >= 1")
+
+    def pending_horizon_s(self, predicted_ttft_s: float | None, klass: WorkloadClass) -> float:
+        """How long an admitted request without an outcome counts (see the fields)."""
+        expected = klass.objective_ttft_s
+        if predicted_ttft_s is not None and math.isfinite(predicted_ttft_s):
+            expected = predicted_ttft_s
+        span = self.pending_horizon_factor * max(0.0, expected)
+        return min(max(span, self.pending_horizon_min_s), self.pending_max_age_s)
 
     def workload_class(self, name: str | None) -> tuple[str, WorkloadClass]:
         """The class of that name; unknown or empty names fall back to the default class."""

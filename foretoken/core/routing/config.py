@@ -25,12 +25,30 @@ class PredictorConfig:
     default_output_tokens: int = 128
     # A request sent to a worker with no outcome for this long leaves its queue model.
     outstanding_max_age_s: float = 900.0
+    # A decision of this service whose grant has not come back on `grants` within this long
+    # leaves its queue model: nobody acted on it (the router publishes the grant of every
+    # request it sends, within milliseconds), e.g. a caller that only asked.
+    unconfirmed_decision_s: float = 10.0
     decision_memory: int = 100_000
     conversation_memory: int = 100_000
     # Seconds per token to bring an offloaded block back, per tier (configured, not learned).
     tier_load_s_per_token: dict[str, float] = field(default_factory=_tier_load_costs)
     # The learner rule stands aside when more than 1/this of a prompt is cached elsewhere.
     learner_max_cached_share: int = 2
+    # Several route replicas (docs/ARCHITECTURE.md "Scale-out"): among the candidates within
+    # this many seconds of the best, replica i of n prefers the workers it owns (every n-th
+    # of the model's workers by id), so replicas deciding at once spread over near-ties
+    # instead of herding onto one idle worker. 0 = off; a single replica never uses it.
+    replica_tie_margin_s: float = 0.1
+    # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
+    model_kv_capacity: bool = True
+    # Decode samples less the prefill of prompts whose first token came during the
+    # request's decode window, dropped below this share of the raw TPOT.
+    decode_windows: bool = True
+    decode_min_share: float = 0.1
+    # Busy-period prefill samples from chains of consecutive first tokens, each cut once its
+    # prompts hold this many step budgets of new tokens (0: one sample per large prompt).
+    busy_chain_budgets: float = 1.0
     seed: int = 0
     # Where a candidate's queue is walked: "native" (foretoken_native, bit-identical to the
     # Python walk, used for the fitted curves while it models the queue) or "python".
@@ -41,8 +59,12 @@ class PredictorConfig:
             raise ValueError(f"explore_fraction must be within [0, 1], got {self.explore_fraction}")
         if not 0 < self.min_retry_after_s <= self.max_retry_after_s:
             raise ValueError("need 0 < min_retry_after_s <= max_retry_after_s")
-        if self.overload_wait_s <= 0 or self.outstanding_max_age_s <= 0:
-            raise ValueError("overload_wait_s and outstanding_max_age_s must be > 0")
+        if self.replica_tie_margin_s < 0:
+            raise ValueError("replica_tie_margin_s must be >= 0")
+        if min(self.overload_wait_s, self.outstanding_max_age_s, self.unconfirmed_decision_s) <= 0:
+            raise ValueError(
+                "overload_wait_s, outstanding_max_age_s and unconfirmed_decision_s must be > 0"
+            )
         if self.queue_walk not in ("native", "python"):
             raise ValueError(f"queue_walk must be native or python, got {self.queue_walk!r}")
         if self.default_output_tokens < 1 or self.learner_max_cached_share < 1:

@@ -8,13 +8,22 @@ derived from the class's queue-time budget
     warn at ``warn_fraction·B``, reroute at ``reroute_fraction·B``, admission at
     ``admission_fraction·B``.
 
-**Queue time of a request** = its measured TTFT − its non-queue part, where the non-queue
-part is the own prefill the predictor predicted for it on that worker (the grant's
-``prefill_s``, i.e. the prefill at its cached share and the chosen worker's learned curve),
-or the class's ``non_queue_latency_s`` when the grant has none (a fallback decision).
-Requests still waiting for their first token count too, as lower bounds
-(``now − sent − non-queue part``), and so do timed-out or cancelled ones (their age at the
-end): a worker that has stopped answering breaches instead of going silent.
+**What feeds it: requests that reached an engine.** A request enters the controls when its
+grant comes on ``grants`` (:meth:`LatencyControls.observe_grant`) — the router publishes a
+grant for what it forwards to an engine; the route service's own answer to ``/v1/route`` is
+not enough (a decision nobody acted on, e.g. a caller that only asks, never reaches an
+engine and must not make a worker look deep). **Queue time of a request** = its measured
+TTFT − the time the client had already waited before this attempt (``already_waited_s``
+counts toward the client's bound, never toward the worker's tail) − its non-queue part,
+where the non-queue part is the own prefill the predictor predicted for it on that worker
+(the grant's ``prefill_s``), or the class's ``non_queue_latency_s`` when the grant has none
+(a fallback decision). Requests still waiting at their engine count too, as lower bounds
+(``now − sent − non-queue part``), and so do failed or cancelled ones (their age at the
+end): a worker that has stopped answering breaches instead of going silent. A request
+without any outcome counts only until its **horizon** (``ControlSettings.pending_horizon_s``:
+a multiple of its predicted TTFT, within a floor and the router's engine timeout); then it
+is taken as lost — it leaves the worker's queued tokens and the tail, and an outcome that
+comes later still gives its sample. Stuck accounting therefore cannot grow a tail for ever.
 
 **States** ``ok → warn → reroute → admission`` and back, one stage at a time. A stage is
 entered when the tail has stayed at or above its threshold for ``breach_s``; reroute and
@@ -75,6 +84,8 @@ class _Pending:
     sent_s: float
     non_queue_s: float
     queued_tokens: int
+    already_waited_s: float = 0.0
+    horizon_s: float = float("inf")
 
 
 @dataclass(slots=True)
@@ -116,6 +127,9 @@ class LatencyControls:
         self.transitions = 0
         # Requests already resolved: a grant re-delivered on ``grants`` is not new work.
         self.done: OrderedDict[RequestId, None] = OrderedDict()
+        # Requests past their horizon without an outcome: a late outcome still gives a sample.
+        self.lost: OrderedDict[RequestId, _Pending] = OrderedDict()
+        self.expired = 0
         self._last_eval_s: float | None = None
 
     # ------------------------------------------------------------------ classes
@@ -142,7 +156,8 @@ class LatencyControls:
         return track
 
     def observe_grant(self, grant: RouteDecision, now_s: float) -> None:
-        """An admitted grant (idempotent by request id): a request now waits on a worker."""
+        """An admitted grant from ``grants`` (idempotent by request id): a request the router
+        sent to an engine now waits there."""
         rid = grant.request_id
         if not grant.admitted or grant.worker_id is None or rid in self.pending or rid in self.done:
             return
@@ -150,7 +165,9 @@ class LatencyControls:
         non_queue = grant.prefill_s if grant.prefill_s is not None else klass.non_queue_latency_s
         queued = max(0, grant.prompt_tokens - grant.cached_tokens)
         sent_s = min(grant.ts, now_s)  # the decision's time on the same clock, never later
-        self.pending[rid] = _Pending(name, grant.worker_id, sent_s, non_queue, queued)
+        horizon = self.settings.pending_horizon_s(grant.predicted_ttft_s, klass)
+        self.pending[rid] = _Pending(name, grant.worker_id, sent_s, non_queue, queued,
+                                     max(0.0, grant.already_waited_s), horizon)  # fmt: skip
         self._track(name, grant.worker_id)
         sig = self._signals(grant.worker_id)
         sig.arrivals.append(now_s)
@@ -159,12 +176,17 @@ class LatencyControls:
 
     def observe_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         """A first token gives a queue-time sample; a failure before it, a lower bound."""
-        pending = self.pending.get(outcome.request_id)
-        if pending is None:
+        rid = outcome.request_id
+        late = rid not in self.pending
+        found = self.lost.get(rid) if late else self.pending.get(rid)
+        if found is None:
             return
+        pending = found
         sig = self._signals(pending.worker)
         if outcome.actual_ttft_s is not None and outcome.status == "ok":
-            queue_s = max(0.0, outcome.actual_ttft_s - pending.non_queue_s)
+            # the router's TTFT includes what the client waited before: not this worker's
+            waited = outcome.actual_ttft_s - pending.already_waited_s
+            queue_s = max(0.0, waited - pending.non_queue_s)
             sig.services.append(now_s)
         elif outcome.kind == "completion":  # ended without a first token
             age = outcome.e2e_s if outcome.e2e_s is not None else now_s - pending.sent_s
@@ -173,8 +195,11 @@ class LatencyControls:
             (sig.cancellations if cancelled else sig.timeouts).append(now_s)
         else:
             return
-        self._resolve(outcome.request_id)
-        sig.queue_tokens = max(0, sig.queue_tokens - pending.queued_tokens)
+        if late:
+            del self.lost[rid]  # its queued tokens left when it expired
+        else:
+            self._resolve(rid)
+            sig.queue_tokens = max(0, sig.queue_tokens - pending.queued_tokens)
         self._track(pending.klass, pending.worker).samples.append((now_s, queue_s))
 
     # ------------------------------------------------------------------ evaluation
@@ -343,10 +368,14 @@ class LatencyControls:
         return pending
 
     def _forget_lost(self, now_s: float) -> None:
-        max_age = self.settings.pending_max_age_s
-        lost = [r for r, p in self.pending.items() if now_s - p.sent_s > max_age]
+        """Requests past their horizon without an outcome leave the tail and the queue."""
+        lost = [r for r, p in self.pending.items() if now_s - p.sent_s > p.horizon_s]
         for rid in lost:
             p = self._resolve(rid)
+            self.expired += 1
+            self.lost[rid] = p
+            if len(self.lost) > DONE_MEMORY:
+                self.lost.popitem(last=False)
             sig = self._signals(p.worker)
             sig.queue_tokens = max(0, sig.queue_tokens - p.queued_tokens)
 
@@ -428,6 +457,7 @@ class LatencyControls:
             "signals": workers,
             "transitions": self.transitions,
             "pending": len(self.pending),
+            "expired": self.expired,
         }
 
 

@@ -17,13 +17,20 @@
 * latency controls (:mod:`foretoken.core.routing.controls`): when the class is at reroute
   (or shed) on the chosen worker, the request moves to the best *verified* alternative
   (healthy for the class, same model, capacity, projected latency within the class's
-  budget), else stays; when the class is still shed there, it is rejected.
+  budget), else stays; when the class is still shed there, it is rejected;
+* replica shares: with several route replicas deciding at once, each sees the others'
+  decisions only when their grants arrive; replica ``i`` of ``n`` (a :class:`ReplicaShare`)
+  prefers, among the candidates within ``replica_tie_margin_s`` of the best (and admitted
+  wherever the best would be), the workers it owns — every ``n``-th of the candidates
+  sorted by worker id — so that two replicas deciding within that staleness do not pick the
+  same idle worker. No share (one replica) decides exactly as before.
 """
 
 from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.routing.config import PredictorConfig
@@ -40,6 +47,23 @@ from foretoken.core.types import (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaShare:
+    """Replica ``index`` of ``count`` route replicas answering for the same models."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"replica index {self.index} not within 0..{self.count - 1}")
+
+    def owned(self, candidates: list[Candidate]) -> set[WorkerId]:
+        """The workers of this share: every ``count``-th by id, from position ``index``."""
+        ids = sorted(c.prediction.worker_id for c in candidates)
+        return {w for i, w in enumerate(ids) if i % self.count == self.index}
+
+
 class Decider:
     def __init__(
         self, config: PredictorConfig, controls: LatencyControls | None, book: WorkerBook,
@@ -48,6 +72,9 @@ class Decider:
         self.config, self.controls, self.book, self.fits = config, controls, book, fits
         self.rng = random.Random(config.seed)
         self.conversations: OrderedDict[str, WorkerId] = OrderedDict()
+        # Set by the processor from the members it sees (None: one replica, no share).
+        self.share: ReplicaShare | None = None
+        self.share_moves = 0  # decisions that took an owned near-tie over the best
 
     # ------------------------------------------------------------------ choice
 
@@ -69,21 +96,54 @@ class Decider:
             margin = self.config.stickiness_margin_s
             if mine is not None and mine.prediction.predicted_ttft_s <= key(best)[0] + margin:
                 return mine
-        return best
+        return self._shared(query, candidates, best)
+
+    def _sharing(self) -> ReplicaShare | None:
+        share = self.share
+        if share is None or share.count < 2 or self.config.replica_tie_margin_s <= 0:
+            return None
+        return share
+
+    def _shared(self, query: RouteQuery, candidates: list[Candidate], best: Candidate) -> Candidate:
+        """Among the near-ties of ``best``, one of this replica's share (see the module)."""
+        share = self._sharing()
+        if share is None:
+            return best
+        owned = share.owned(candidates)
+        if best.prediction.worker_id in owned:
+            return best
+        limit = best.prediction.predicted_ttft_s + self.config.replica_tie_margin_s
+        admitted = self.admit(query, best)[0]  # a share never turns an admission into a 429
+        near = [
+            c for c in candidates
+            if c.prediction.worker_id in owned and c.prediction.predicted_ttft_s <= limit
+            and (not admitted or self.admit(query, c)[0])
+        ]  # fmt: skip
+        if not near:
+            return best
+        self.share_moves += 1
+        return min(near, key=lambda c: (c.prediction.predicted_ttft_s,
+                                        c.prediction.queue_tokens_ahead))  # fmt: skip
 
     def _learner(self, query: RouteQuery, candidates: list[Candidate]) -> Candidate | None:
-        """An idle worker still on the default curve takes the request (if it meets its
+        """An idle worker without a cold fit yet takes the request (if it meets its
         bound there): the default is deliberately pessimistic, so without this such a worker
         would never be chosen and never learn its curve (its first samples are cheap: it is
-        idle, and a prefill sample needs an idle worker). Not when most of the prompt is
-        cached somewhere: throwing a large hit away costs more than the sample is worth."""
+        idle, and a prefill sample needs an idle worker). A pooled or busy-chain curve is
+        only a bootstrap: the rule holds until the worker's own cold fit is ready. Not when
+        most of the prompt is cached somewhere: throwing a large hit away costs more than
+        the sample is worth."""
         n = query.prompt_length
         share = self.config.learner_max_cached_share
         if any(c.cached_tokens * share > n for c in candidates):
             return None
+        replicas = self._sharing()
+        if replicas is not None:  # this replica's own learners first, the others after
+            owned = replicas.owned(candidates)
+            candidates = sorted(candidates, key=lambda c: c.prediction.worker_id not in owned)
         for c in candidates:
             wid = c.prediction.worker_id
-            if self.fits.curve(wid).default and self.book.idle(wid) and self.meets(query, c):
+            if not self.fits.has_cold_fit(wid) and self.book.idle(wid) and self.meets(query, c):
                 return c
         return None
 
@@ -119,7 +179,28 @@ class Decider:
             ]  # fmt: skip
             if verified:
                 best = min(verified, key=lambda c: c.prediction.predicted_ttft_s)
+            elif controls.sheds(name, wid, now_s):
+                best = self._servable(query, name, best, candidates, now_s)
         return best, controls.sheds(name, best.prediction.worker_id, now_s)
+
+    def _servable(
+        self, query: RouteQuery, name: str, best: Candidate, candidates: list[Candidate],
+        now_s: float,
+    ) -> Candidate:  # fmt: skip
+        """When admission control sheds the class on the chosen worker and no verified
+        alternative exists, any worker that does not shed it, has room and meets the
+        request's own bound serves it rather than a 429: one worker's state (stuck
+        accounting included) never turns away traffic a healthy worker can take."""
+        assert self.controls is not None
+        wid = best.prediction.worker_id
+        able = [
+            c for c in candidates
+            if c.prediction.worker_id != wid
+            and not self.controls.sheds(name, c.prediction.worker_id, now_s)
+            and self.book.has_capacity(c.prediction.worker_id)
+            and self.admit(query, c)[0]
+        ]  # fmt: skip
+        return min(able, key=lambda c: c.prediction.predicted_ttft_s) if able else best
 
     # ------------------------------------------------------------------ admission
 

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from foretoken.core.queue.scheduler import KvModel
 from foretoken.core.queue.worker_queue import WorkerQueue
 from foretoken.core.types import RequestId, WorkerId, WorkerProfile
 
 
 class WorkerBook:
-    def __init__(self) -> None:
+    """``model_kv_capacity``: queue models hold each running request's KV blocks against
+    the worker's reported ``gpu_blocks`` (admission waits, as the engine's does)."""
+
+    def __init__(self, *, model_kv_capacity: bool = True) -> None:
+        self.model_kv_capacity = model_kv_capacity
         self.profiles: dict[WorkerId, WorkerProfile] = {}
         self.queues: dict[WorkerId, WorkerQueue] = {}
         self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
@@ -30,9 +35,14 @@ class WorkerBook:
         self.profiles[wid] = profile
         queue = self.queues.get(wid)
         if queue is None:
-            self.queues[wid] = WorkerQueue(profile.scheduler)
+            self.queues[wid] = WorkerQueue(profile.scheduler, kv=self._kv_model(profile))
         elif queue.settings != profile.scheduler:
             queue.set_settings(profile.scheduler)
+
+    def _kv_model(self, profile: WorkerProfile) -> KvModel | None:
+        if not self.model_kv_capacity or profile.gpu_blocks is None:
+            return None
+        return KvModel(profile.gpu_blocks, profile.block_size)
 
     def of_model(self, model: str) -> Iterator[WorkerProfile]:
         return (p for p in self.profiles.values() if p.model == model)

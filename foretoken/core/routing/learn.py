@@ -7,7 +7,9 @@ simulator's truth (PRODUCT.md §1 "How fast the worker prefills"):
   start would never give one, so a second, bootstrap fit takes the gap between the worker's
   previous first token and this one, for a request queued there since before it;
 * **decode samples** (:meth:`Learner.on_completion`): time per output token against the
-  number of sequences running, for the step-cost fit;
+  number of sequences running, for the step-cost fit — less the prefill of the prompts
+  whose first token came during the request's decode window, against the time-mean number
+  of decoding requests over it (:mod:`foretoken.core.cost.decode_windows`);
 * **approximate cache credit**: a prompt routed to a worker without KV events is filed as
   cached there once its prefill is done (:mod:`foretoken.core.index.approx`).
 """
@@ -20,13 +22,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from foretoken.core.cost.busy_chains import BusyChains
+from foretoken.core.cost.decode_windows import DecodeWindows, Window
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
 from foretoken.core.index.protocol import Index
-from foretoken.core.queue.worker_queue import WorkerQueue
+from foretoken.core.queue.worker_queue import Outstanding, WorkerQueue
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.fleet import WorkerBook
-from foretoken.core.types import GradedRequest, RequestId, RequestOutcome, WorkerId
+from foretoken.core.routing.predict import step_cost
+from foretoken.core.types import (
+    GradedRequest,
+    RequestId,
+    RequestOutcome,
+    WorkerId,
+    WorkerProfile,
+)
 
 
 class Learner:
@@ -40,6 +51,8 @@ class Learner:
         # Approximate mode: own hashes of prompts sent to workers without KV events, filed
         # in the index as cached there once their first token arrives.
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
+        self.windows = DecodeWindows(config.decode_min_share)
+        self.chains = BusyChains(config.busy_chain_budgets)
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         self._observe_served(outcome, now_s)
@@ -49,6 +62,10 @@ class Learner:
         # The router's clock says when things happened; our consumption lags behind it.
         if outcome.kind == "first_token" and outcome.status == "ok":
             self._observe_busy(queue, outcome, now_s)
+            entry = queue.get(outcome.request_id)
+            if self.config.decode_windows and entry is not None and entry.first_token_s is None:
+                self.windows.open(outcome.worker_id, outcome.request_id, outcome.ts,
+                                  entry.prompt_tokens, entry.cached_tokens)  # fmt: skip
             queue.first_token(outcome.request_id, outcome.ts)
             return
         self.on_completion(queue, outcome, now_s)
@@ -58,6 +75,10 @@ class Learner:
         if profile is not None and profile.scheduler.max_num_seqs == 1:
             self._mark_busy(outcome.worker_id, outcome.ts)  # the next prompt starts after it
         queue.finished(outcome.request_id, outcome.ts)
+        if self.config.decode_windows:
+            if profile is not None:
+                self._observe_window(outcome, profile.config_hash, now_s)
+            return
         tpot = None
         if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
             tpot = time_per_output_token_s(
@@ -66,6 +87,27 @@ class Learner:
         if tpot is not None and profile is not None:
             running = max(1.0, float(queue.running_count) + 1.0)
             self.fits.observe_decode(outcome.worker_id, profile.config_hash, tpot, running, now_s)
+
+    def _observe_window(self, outcome: RequestOutcome, config_hash: str, now_s: float) -> None:
+        span = None
+        if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
+            span = outcome.e2e_s - outcome.actual_ttft_s
+        window = self.windows.close(outcome.request_id, outcome.ts, span,
+                                    outcome.output_tokens or 0)  # fmt: skip
+        if window is None:
+            return
+        wid = outcome.worker_id
+        if self.fits.curve(wid).default:  # it would subtract far too much: keep it for later
+            self.windows.hold(wid, window)
+            return
+        for held in (*self.windows.release(wid), window):
+            self._feed_window(wid, config_hash, held, now_s)
+
+    def _feed_window(self, wid: WorkerId, config_hash: str, window: Window, now_s: float) -> None:
+        curve = self.fits.curve(wid)
+        sample = window.sample(curve.a, curve.b, self.windows.min_share)
+        if sample is not None:
+            self.fits.observe_decode(wid, config_hash, sample[0], sample[1], now_s)
 
     def on_graded(self, graded: GradedRequest, now_s: float) -> bool:
         """Feed the fit with a cold sample; True if this record was one."""
@@ -82,6 +124,10 @@ class Learner:
         assert graded.actual_ttft_s is not None
         self.fits.observe_cold(wid, profile.config_hash, graded.prompt_tokens,
                                graded.actual_ttft_s, now_s, cached)  # fmt: skip
+        if self.config.busy_chain_budgets > 0 and self.fits.own_curve(wid).default:
+            n, k = graded.prompt_tokens, min(cached, graded.prompt_tokens)
+            self.fits.observe_busy_chain(wid, profile.config_hash, n - k, n * n - k * k,
+                                         graded.actual_ttft_s, now_s)  # fmt: skip
         return True
 
     def remember_prompt(
@@ -99,6 +145,7 @@ class Learner:
 
     def forget(self, rid: RequestId) -> None:
         self.served_prompts.pop(rid, None)
+        self.windows.forget(rid)
 
     def _observe_served(self, outcome: RequestOutcome, now_s: float) -> None:
         """A prompt routed to a worker without KV events is cached there once its prefill
@@ -127,6 +174,9 @@ class Learner:
         profile = self.book.profiles.get(wid)
         if entry is None or profile is None or prev is None or entry.first_token_s is not None:
             return
+        if self.config.busy_chain_budgets > 0 and profile.scheduler.chunked_prefill:
+            self._busy_chain(queue, outcome, entry, profile, prev, now_s)
+            return
         if not entry.sent_at_s < prev < outcome.ts:
             return
         scheduler = profile.scheduler
@@ -135,6 +185,29 @@ class Learner:
             return  # smaller prompts share steps: the gap is not theirs alone
         self.fits.observe_busy(wid, profile.config_hash, entry.prompt_tokens, outcome.ts - prev,
                                now_s, entry.cached_tokens)  # fmt: skip
+
+    def _busy_chain(
+        self, queue: WorkerQueue, outcome: RequestOutcome, entry: Outstanding,
+        profile: WorkerProfile, prev: float, now_s: float,
+    ) -> None:  # fmt: skip
+        """Busy chains (:mod:`foretoken.core.cost.busy_chains`) on a chunked engine."""
+        wid, ts, chains = outcome.worker_id, outcome.ts, self.chains
+        cost = step_cost(self.fits, wid)
+        if queue.admission_blocked(ts, cost):
+            chains.drop(wid)  # the gap holds steps waiting for KV blocks or a seat
+            return
+        same_step = prev == ts and entry.sent_at_s < prev and chains.has(wid)
+        if not same_step and not entry.sent_at_s < prev < ts:
+            chains.drop(wid)  # it may have paused: start afresh
+            return
+        line = self.windows.lines.get(wid)
+        decoding = line.decoding if line is not None else 0.0
+        step_s = cost.step_overhead_s + cost.decode_s_per_seq * decoding
+        sample = chains.add(wid, profile.scheduler, entry.prompt_tokens, entry.cached_tokens,
+                            ts - prev, step_s, decoding)  # fmt: skip
+        if sample is not None:
+            self.fits.observe_busy_chain(wid, profile.config_hash, sample.u, sample.v,
+                                         sample.seconds, now_s)  # fmt: skip
 
     def _mark_busy(self, wid: WorkerId, ts: float) -> None:
         if ts > self.busy_mark_s.get(wid, -math.inf):

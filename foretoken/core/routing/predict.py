@@ -95,17 +95,20 @@ class Predictions:
         tokens: Sequence[int] | np.ndarray,
         now_s: float,
         prompt_tokens: int | None,
+        output_tokens: int = 1,
     ) -> list[Candidate]:
         n = len(tokens) if len(tokens) else (prompt_tokens or 0)
         self.index.age(now_s)  # approximate views forget what their TTL says is gone
         hits = self.index.lookup(model, tokens) if len(tokens) else {}
         return [
-            self._one(profile, hits.get(profile.worker_id), n, now_s)
+            self._one(profile, hits.get(profile.worker_id), n, now_s, output_tokens)
             for profile in self.book.of_model(model)
             if profile.fits_prompt(n)
         ]
 
-    def _one(self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float) -> Candidate:
+    def _one(
+        self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float, out: int
+    ) -> Candidate:
         wid = profile.worker_id
         load_s, deepest, cached = 0.0, None, 0
         if hit is not None:
@@ -116,7 +119,9 @@ class Predictions:
                 load_s = sum(load_costs.get(t, 0.0) * tiers.get(t, 0) for t in LOWER_TIERS)
             deepest = deepest_tier(hit)
         curve = self.fits.curve(wid)
-        result = self.book.queues[wid].predict(NewRequest(n, cached), now_s, self._cost(wid, curve))
+        result = self.book.queues[wid].predict(
+            NewRequest(n, cached, out), now_s, self._cost(wid, curve)
+        )
         prefill = curve.own_prefill_s(n, cached) + load_s
         ttft = max(result.ttft_s + load_s, prefill)
         prediction = CandidatePrediction(

@@ -42,6 +42,7 @@ from foretoken.core.types import (
     RequestOutcome,
     RouteDecision,
     RouteQuery,
+    WorkerId,
     WorkerProfile,
 )
 
@@ -58,11 +59,15 @@ class RouteService:
         self.controls = controls
         self.fits = fits or FitRegistry()
         self.config = config or PredictorConfig()
-        self.book = WorkerBook()
+        self.book = WorkerBook(model_kv_capacity=self.config.model_kv_capacity)
         self.predictions = Predictions(index, self.fits, self.book, self.config)
         self.decider = Decider(self.config, controls, self.book, self.fits)
         self.learner = Learner(index, self.fits, self.book, self.config)
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
+        self.overruled = 0  # our decisions another one replaced (see _withdraw_overruled)
+        # Admitted decisions whose grant has not come back on `grants` yet: (worker, when).
+        self.unconfirmed: OrderedDict[RequestId, tuple[WorkerId, float]] = OrderedDict()
+        self.unconfirmed_expired = 0
 
     # ------------------------------------------------------------------ observations
 
@@ -73,11 +78,36 @@ class RouteService:
     def on_grant(self, grant: RouteDecision, now_s: float) -> None:
         """A decision made elsewhere (another replica, the router's fallback) or our own,
         arriving on ``grants``: put it in the queue model unless it is there already."""
+        self.unconfirmed.pop(grant.request_id, None)
         if self.controls is not None:
             self.controls.observe_grant(grant, now_s)
+        self._withdraw_overruled(grant, now_s)
         if grant.admitted and grant.worker_id is not None:
             self.book.enqueue(grant.worker_id, grant.request_id, grant.ts, grant.prompt_tokens,
                               grant.cached_tokens, self.config.default_output_tokens)  # fmt: skip
+
+    def _withdraw_overruled(self, grant: RouteDecision, now_s: float) -> None:
+        """Our decision for this request was not the one the router used (it timed out and
+        asked another replica, or fell back): the request never goes to the worker we put it
+        on, so it leaves that queue model now instead of haunting it until it expires."""
+        ours = self.decisions.get(grant.request_id)
+        if ours is None or ours is grant or ours.worker_id is None:
+            return
+        if grant.admitted and grant.worker_id == ours.worker_id:
+            return
+        queue = self.book.queues.get(ours.worker_id)
+        if queue is not None and queue.finished(grant.request_id, now_s):
+            self.book.alone.pop(grant.request_id, None)
+            self.learner.forget(grant.request_id)
+        self.decisions[grant.request_id] = grant
+        self.overruled += 1
+
+    def use_index(self, index: Index) -> None:
+        """Read another index from now on (a route replica restored from a newer snapshot
+        at a rebalance); the fits, queue models and decisions stay."""
+        self.index = index
+        self.predictions.index = index
+        self.learner.index = index
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         if self.controls is not None:
@@ -93,15 +123,32 @@ class RouteService:
             self.controls.tick(now_s)
         for rid in self.book.expire(now_s, self.config.outstanding_max_age_s):
             self.learner.forget(rid)
+        self._expire_unconfirmed(now_s)
         self.index.age(now_s)
+
+    def _expire_unconfirmed(self, now_s: float) -> None:
+        """Decisions nobody acted on (their grant never came) leave the queue models: a
+        caller that only asks must not make idle workers look deep."""
+        horizon = self.config.unconfirmed_decision_s
+        while self.unconfirmed:
+            rid, (wid, decided_s) = next(iter(self.unconfirmed.items()))
+            if now_s - decided_s <= horizon:
+                return
+            del self.unconfirmed[rid]
+            queue = self.book.queues.get(wid)
+            if queue is not None and queue.finished(rid, now_s):
+                self.unconfirmed_expired += 1
+            self.book.alone.pop(rid, None)
+            self.learner.forget(rid)
 
     # ------------------------------------------------------------------ predictions
 
     def predict(
         self, model: ModelName, tokens: Sequence[int] | np.ndarray, now_s: float,
-        prompt_tokens: int | None = None,
+        prompt_tokens: int | None = None, output_tokens: int | None = None,
     ) -> list[Candidate]:  # fmt: skip
-        return self.predictions.candidates(model, tokens, now_s, prompt_tokens)
+        out = output_tokens or self.config.default_output_tokens
+        return self.predictions.candidates(model, tokens, now_s, prompt_tokens, out)
 
     # ------------------------------------------------------------------ decisions
 
@@ -112,14 +159,18 @@ class RouteService:
         if self.controls is not None:
             self.controls.tick(now_s)
             query = self._with_class_defaults(query)
-        candidates = self.predict(query.model, query.tokens, now_s, query.prompt_tokens)
+        candidates = self.predict(query.model, query.tokens, now_s, query.prompt_tokens,
+                                  query.expected_output_tokens)  # fmt: skip
         if not candidates:
             return self._remember(self._no_candidate(query, ts))
         result = self._decide(query, candidates, now_s, ts)
-        if self.controls is not None:
-            self.controls.observe_grant(result, now_s)
+        # The latency controls see the decision when its grant comes back on ``grants``
+        # (on_grant): only a request the router acted on reaches an engine.
         if result.admitted and result.worker_id is not None:
             self._apply(query, result, now_s)
+            self.unconfirmed[query.request_id] = (result.worker_id, now_s)
+            if len(self.unconfirmed) > self.config.decision_memory:
+                self.unconfirmed.popitem(last=False)
         return self._remember(result)
 
     def _decide(

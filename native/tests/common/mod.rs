@@ -104,7 +104,10 @@ impl Ev {
                 group_idx: self.group,
             },
             Kind::Cleared(tier) => Event::Cleared { tier: *tier },
-            Kind::Reset(reason) => Event::Reset { reason },
+            Kind::Reset(reason) => Event::Reset {
+                reason,
+                approximate: true,
+            },
         }
     }
 }

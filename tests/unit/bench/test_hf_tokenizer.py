@@ -23,6 +23,15 @@ def test_counts_match_the_builtin_tokenizer(text: str) -> None:
     )
 
 
+@given(st.lists(st.integers(0, 10_000), max_size=60))
+def test_decoded_ids_count_as_many_builtin_tokens(ids: list[int]) -> None:
+    """What aiperf does: ids sampled from its corpus's encoding, decoded into the prompt."""
+    tok = build()
+    ids = [i % tok.get_vocab_size() for i in ids if i % tok.get_vocab_size() != 1]  # not EOS
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert len(SimTokenizer().encode(text)) == len(ids)
+
+
 def test_the_directory_loads(tmp_path: Path) -> None:
     path = write_dir(tmp_path / "tok")
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))

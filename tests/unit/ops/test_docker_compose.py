@@ -13,6 +13,7 @@ from foretoken.settings import ENV_VARS
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVICES = {"kafka", "worker", "router", "fleet", "dashboard"}
+SCALED = {"route-a", "route-b", "router-scaled"}  # the `scaled` profile
 # Services whose subcommand a later issue adds (dashboard: #7).
 PENDING: set[str] = set()
 
@@ -23,14 +24,14 @@ def _compose() -> dict:
 
 def test_services_are_all_there_with_healthchecks() -> None:
     services = _compose()["services"]
-    assert set(services) == SERVICES
+    assert set(services) == SERVICES | SCALED
     for name, svc in services.items():
         assert "healthcheck" in svc, name
 
 
 def test_foretoken_services_use_only_known_settings_variables() -> None:
     services = _compose()["services"]
-    for name in SERVICES - {"kafka"}:
+    for name in (SERVICES | SCALED) - {"kafka"}:
         env = services[name]["environment"]
         unknown = set(env) - set(ENV_VARS)
         assert not unknown, f"{name} sets variables the settings module does not read: {unknown}"
@@ -54,3 +55,24 @@ def test_service_commands_are_real_subcommands() -> None:
             assert command[1] not in known, f"{name} exists now: take it out of PENDING"
         else:
             assert command[1] in known, f"{name}: no `foretoken {command[1]}`"
+
+
+def test_scaled_profile_two_route_replicas_behind_two_router_processes() -> None:
+    services = _compose()["services"]
+    assert all(services[name]["profiles"] == ["scaled"] for name in SCALED)
+    assert not any("profiles" in services[name] for name in SERVICES)
+    primary = services["worker"]["environment"]
+    urls = []
+    for name in ("route-a", "route-b"):
+        svc = services[name]
+        env = svc["environment"]
+        assert svc["command"][1:] == ["worker", "--role", "route"]
+        # the primary's snapshots, read-only, and the primary's consumer-group prefix
+        assert env["FORETOKEN_SNAPSHOT_DIR"] == primary["FORETOKEN_WORKER_DATA_DIR"]
+        assert f"worker:{env['FORETOKEN_SNAPSHOT_DIR']}:ro" in svc["volumes"]
+        assert env["FORETOKEN_APP_ID"] == primary["FORETOKEN_APP_ID"]
+        urls.append(env["FORETOKEN_ADVERTISE_URL"])
+    assert len(set(urls)) == 2
+    router = services["router-scaled"]["environment"]
+    assert router["FORETOKEN_ROUTE_URLS"].split(",") == urls
+    assert int(router["FORETOKEN_ROUTER_PROCESSES"]) == 2

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import strategies as st
 
+import foretoken.sim.cache_aware
 import foretoken.sim.predictor_policy  # noqa: F401  (registers "predictor" for the contract)
 from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.sim.policy import (

@@ -104,7 +104,10 @@ class RouterState:
 
     def __post_init__(self) -> None:
         cfg = self.settings.router
-        self.routing = Routing(self.settings, self.engines)
+        fallbacks = self.metrics.fallbacks
+        self.routing = Routing(
+            self.settings, self.engines, on_fallback=lambda r: fallbacks.labels(r).inc()
+        )
         self.models = sorted({e.model for e in self.engines.values()})
         self.keys = _api_keys(self.settings)
         self.forward_headers = tuple(h.lower() for h in cfg.forward_headers)
@@ -197,11 +200,7 @@ async def place(state: RouterState, request: web.Request, body: Any, tokens: np.
 async def route(state: RouterState, p: Placement, anthropic_shape: bool
                 ) -> tuple[Grant, str] | web.Response:  # fmt: skip
     """The grant and the engine's URL, or the answer that turns the request away."""
-    before = dict(state.routing.fallbacks)
     grant, url = await state.routing.decide(p)
-    for reason, n in state.routing.fallbacks.items():
-        if n != before.get(reason, 0):
-            state.metrics.fallbacks.labels(reason).inc()
     state.publisher.put("grants", grant)
     if grant.reject_reason == RejectReason.PROMPT_EXCEEDS_KV_CAPACITY:
         state.metrics.outcome["too_large"].inc()
@@ -445,6 +444,7 @@ async def healthz(request: web.Request) -> web.Response:
         "buffered": state.publisher.queue.qsize(), "dropped": state.publisher.dropped,
         "published": state.publisher.published,
         "missing_topics": state.publisher.missing_topics,
+        "route_services": state.routing.client.describe(),
     })  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import logging
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from foretoken.adapters.kafka.producer import LINGER_MS, record_key
+from foretoken.adapters.kafka.producer import LINGER_MS, Partitioner, record_key
 from foretoken.adapters.kafka.readiness import StartupError, wait_for_topics
 from foretoken.settings import Settings
 from foretoken.wire.codec import encode
@@ -37,6 +37,8 @@ class Publisher:
         # Topics this router writes that the broker does not have (checked on connect).
         self.missing_topics: list[str] = []
         self._task: asyncio.Task[None] | None = None
+        # By model when the topics are sharded (an outcome goes where its grant went).
+        self.partitioner = Partitioner(settings)
 
     def put(self, logical: str, record: Record) -> bool:
         try:
@@ -97,6 +99,7 @@ class Publisher:
                     self.settings.topic(logical),
                     value=encode(record, fmt),
                     key=record_key(logical, record),
+                    partition=self.partitioner.partition(logical, record),
                 )
                 self.published += 1
             except KafkaError:

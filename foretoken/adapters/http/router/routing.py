@@ -5,9 +5,12 @@ The route RPC (``POST /v1/route``, msgpack) carries the prompt as packed unsigne
 ids, 4 bytes a token: the router refuses prompts over ``router.max_prompt_tokens``, which the
 settings hold under ``router.max_body_bytes`` / 4, so the route call of an accepted request is
 never larger than the body limit the router and the route service share. It goes over one
-keep-alive connection pool of its own. After a failed call the router decides alone for
-``router.route_retry_after_failure_s`` (a circuit breaker: an overloaded route service is not
-asked again and again at full timeout), with least outstanding prompt tokens
+keep-alive connection pool of its own, to the route service or, with several (read replicas,
+shards by model), to a ready one, failing over to the next within the route timeout
+(:class:`foretoken.adapters.http.route_client.RouteClient`). After a failed call the router
+decides alone for ``router.route_retry_after_failure_s`` (a circuit breaker: an overloaded
+route service is not asked again and again at full timeout), with least outstanding prompt
+tokens
 (:func:`foretoken.core.routing.fallback.least_outstanding`) and the one decision builder.
 """
 
@@ -17,6 +20,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -26,6 +30,8 @@ import numpy as np
 from multidict import CIMultiDictProxy
 
 from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.adapters.http.route_client import RouteClient
+from foretoken.adapters.http.route_page import TOKEN_HEADER
 from foretoken.adapters.http.router.requests import RequestError
 from foretoken.core.routing.decide import decision
 from foretoken.core.routing.fallback import Load, least_outstanding
@@ -156,18 +162,23 @@ class Routing:
     # its own grant (``<id>~<n>``), and the time since the first try counts as waited.
     attempts: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
     fallbacks: dict[str, int] = field(default_factory=dict)
+    # Called with the reason of each fallback decision (the metric; a diff of ``fallbacks``
+    # around an await would count the concurrent requests' fallbacks too).
+    on_fallback: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
-        self.url = f"{self.settings.route_url}/v1/route"
-        self.timeout = aiohttp.ClientTimeout(total=self.settings.router.route_timeout_s)
-        self.headers = {"Content-Type": "application/msgpack"}
+        self.client = RouteClient(self.settings)  # the route services (one, or several)
+        if self.settings.route.token:  # the route service's shared token (route.token)
+            self.client.headers[TOKEN_HEADER] = self.settings.route.token
         self.models = {e.model for e in self.engines.values()}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0)
         self.session = aiohttp.ClientSession(connector=connector)
+        await self.client.start(self.session)
 
     async def stop(self) -> None:
+        await self.client.stop()
         if self.session is not None:
             await self.session.close()
 
@@ -201,6 +212,8 @@ class Routing:
 
     def _fell_back(self, reason: str) -> None:
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+        if self.on_fallback is not None:
+            self.on_fallback(reason)
 
     async def decide(self, p: Placement) -> tuple[Grant, str | None]:
         if time.monotonic() < self.route_down_until:
@@ -208,12 +221,15 @@ class Routing:
             return self.fallback(p)
         assert self.session is not None
         reason = "error"
-        try:
-            async with self.session.post(self.url, data=p.rpc(), headers=self.headers,
-                                         timeout=self.timeout) as resp:  # fmt: skip
+        try:  # to a ready route service, failing over to the next within the route timeout
+            async with self.client.post(self.session, p.rpc(), p.model,
+                                        p.conversation_id) as resp:  # fmt: skip
                 body = await resp.read()
                 if resp.status == 200:
                     decided = _response.decode(body)
+                    if self._route_service_is_blind(decided.grant, p):
+                        self._fell_back("no_worker_at_route_service")
+                        return self.fallback(p)
                     return decided.grant, decided.http_url
                 if resp.status == 413:  # the route service's own body limit is lower
                     raise RequestError(
@@ -230,18 +246,35 @@ class Routing:
         self.route_down_until = time.monotonic() + self.settings.router.route_retry_after_failure_s
         return self.fallback(p)
 
+    def _route_service_is_blind(self, grant: Grant, p: Placement) -> bool:
+        """The route service knows no worker of a model the engines file serves: it is
+        restarting or catching up on ``workers``; the router's own policy can serve."""
+        return grant.reject_reason == RejectReason.NO_WORKER_FOR_MODEL and any(
+            e.model == p.model for e in self.engines.values()
+        )
+
     def fallback(self, p: Placement) -> tuple[Grant, str | None]:
-        """Least outstanding prompt tokens among the model's workers; a 429 only when every
-        worker is past ``fallback_overload_tokens``."""
+        """Least outstanding prompt tokens among the model's workers that can hold the prompt
+        (KV capacity ``gpu_blocks × block_size`` and context ``max_model_len``, as
+        registered); a 400 when none can, a 429 only when every one is past
+        ``fallback_overload_tokens``."""
         cfg = self.settings.router
+        n = len(p.token_ids)
         candidates = [w for w, e in self.engines.items() if e.model == p.model]
+
+        def can_serve(w: str) -> bool:
+            return self.engines[w].fits_prompt(n)
+
         worker = least_outstanding(candidates, lambda w: self.outstanding.get(w, Load()),
+                                   can_serve=can_serve,
                                    overload_tokens=cfg.fallback_overload_tokens)  # fmt: skip
         query = p.query()
         if worker is None:
-            rejected = decision(query, time.time(), None, admitted=False,
-                                reason=RejectReason.OVERLOADED, fallback=True,
-                                retry_after_s=cfg.fallback_retry_after_s)  # fmt: skip
+            too_big = bool(candidates) and not any(map(can_serve, candidates))
+            reason = RejectReason.PROMPT_EXCEEDS_KV_CAPACITY if too_big else RejectReason.OVERLOADED
+            rejected = decision(query, time.time(), None, admitted=False, reason=reason,
+                                retry_after_s=None if too_big else cfg.fallback_retry_after_s,
+                                fallback=True)  # fmt: skip
             return as_record(Grant, rejected), None
         admitted = decision(query, time.time(), None, admitted=True, reason=None,
                             retry_after_s=None, fallback=True,

@@ -23,7 +23,6 @@ from foretoken.adapters.engines.decoders import (
     decode_vllm_frames,
     split_backfill_reply,
 )
-from foretoken.adapters.engines.sequence import SeqTracker
 from foretoken.core.types import ModelName, WorkerId
 from foretoken.wire.codec import DecodeError
 from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored
@@ -472,69 +471,3 @@ def test_replay_request_and_both_reply_forms() -> None:
     for bad in bad_replies:
         with pytest.raises(DecodeError):
             split_backfill_reply(bad)
-
-
-# --------------------------------------------------------------------------- seq
-
-
-def test_seq_in_order_is_ok() -> None:
-    tracker = SeqTracker()
-    verdicts = [tracker.observe(W, seq).verdict for seq in range(5)]
-    assert verdicts == ["ok"] * 5
-    assert tracker.expected(W) == 5 and tracker.counters.ok == 5
-
-
-def test_seq_duplicate_and_old_are_dropped() -> None:
-    tracker = SeqTracker()
-    for seq in range(10):
-        tracker.observe(W, seq)
-    for seq in (9, 4):
-        decision = tracker.observe(W, seq)
-        assert decision.verdict == "duplicate" and not decision.apply
-    assert tracker.counters.duplicates == 2 and tracker.expected(W) == 10
-
-
-def test_seq_gap_repaired_by_replay() -> None:
-    tracker = SeqTracker()
-    for seq in range(3):
-        tracker.observe(W, seq)
-    gap = tracker.observe(W, 7)
-    assert gap.verdict == "gap" and gap.missing == (3, 7) and not gap.apply
-    # Replay from 3 returns 3..7 (the live 7 included), then the live stream goes on.
-    assert [tracker.observe(W, seq).verdict for seq in range(3, 9)] == ["ok"] * 6
-    assert tracker.observe(W, 7).verdict == "duplicate"
-
-
-def test_seq_gap_given_up_with_force() -> None:
-    tracker = SeqTracker()
-    tracker.observe(W, 0)
-    assert tracker.observe(W, 50).missing == (1, 50)
-    tracker.force(W, 50)
-    assert tracker.counters.lost_batches == 49 and tracker.observe(W, 51).verdict == "ok"
-
-
-def test_seq_restart_to_zero_resets() -> None:
-    tracker = SeqTracker()
-    for seq in range(100):
-        tracker.observe(W, seq)
-    decision = tracker.observe(W, 0)
-    assert decision.verdict == "restart" and decision.reset_index and decision.apply
-    assert tracker.observe(W, 1).verdict == "ok" and tracker.counters.restarts == 1
-
-
-def test_seq_far_below_is_a_restart_with_a_missing_range() -> None:
-    tracker = SeqTracker(restart_window=100)
-    tracker.force(W, 5000)
-    decision = tracker.observe(W, 12)
-    assert decision.verdict == "restart" and decision.missing == (0, 12)
-    assert decision.reset_index and not decision.apply
-
-
-def test_seq_first_sight_late_is_a_gap_from_zero_and_state_survives_restore() -> None:
-    tracker = SeqTracker()
-    assert tracker.observe(W, 9).missing == (0, 9)
-    tracker.force(W, 9)
-    restored = SeqTracker()
-    restored.restore(tracker.snapshot())
-    assert restored.observe(W, 10).verdict == "ok"
-    assert restored.observe(WorkerId("other"), 0).verdict == "ok"

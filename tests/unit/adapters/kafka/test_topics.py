@@ -15,7 +15,9 @@ def test_every_topic_is_declared_once_with_its_policy() -> None:
         "graded",
         "dead_letter",
         "controls",
+        "members",
     }
+    assert specs["members"].compacted  # the latest record of every processor, kept
     assert specs["workers"].compacted and specs["workers"].config(1)["cleanup.policy"] == "compact"
     assert not specs["grants"].compacted
     assert specs["grants"].config(1000) == {"cleanup.policy": "delete", "retention.ms": "1000"}

@@ -460,3 +460,47 @@ def test_samples_with_a_reported_cache_hit_teach_the_same_curve() -> None:
     for n in (8_000, 32_000, 128_000):
         assert curve.cost_s(n) == pytest.approx(a * n + b * n * n, rel=0.05)
     assert not fit.observe(1000, 1.0, 99.0, cached_tokens=1000)  # nothing new: no sample
+
+
+# --------------------------------------------------------------------------- pooled priors
+
+
+def test_a_worker_without_a_fit_takes_the_median_of_its_fitted_peers() -> None:
+    registry = FitRegistry()
+    w3, other = WorkerId("w3"), WorkerId("other-model")
+    for worker in (W1, W2, w3):
+        registry.apply_registration(registration(worker, "h1"))
+    registry.apply_registration(
+        msgspec.structs.replace(registration(other, "h1"), model=ModelName("m2"))
+    )
+    assert registry.curve(w3).default and registry.curve(w3) == registry.own_curve(w3)
+    feed(registry, W1, "h1", 40, seed=1)
+    feed(registry, W2, "h1", 40, seed=2)
+    fitted = [registry.own_curve(w) for w in (W1, W2)]
+    pooled = registry.curve(w3)
+    assert pooled.default  # still flagged: not its own fit
+    assert pooled.a == pytest.approx(np.median([c.a for c in fitted]))
+    assert pooled.b == pytest.approx(np.median([c.b for c in fitted]))
+    assert registry.step_cost(w3).per_seq_s == pytest.approx(
+        np.median([registry.own_step_cost(w).per_seq_s for w in (W1, W2)])
+    )
+    assert registry.curve(other) == registry.own_curve(other)  # another model: no peers
+    feed(registry, w3, "h1", 40, seed=3)  # its own fit takes over
+    assert registry.curve(w3) == registry.own_curve(w3) and not registry.curve(w3).default
+
+
+def test_busy_chain_fit_recovers_a_with_b_fixed_despite_two_sided_noise() -> None:
+    from foretoken.core.cost.fit import BusyChainFit, FitConfig
+
+    rng = np.random.default_rng(7)
+    a, b = 3.0e-5, 3.7e-11
+    fit = BusyChainFit(FitConfig(), b=b)
+    assert fit.curve.default
+    for i in range(60):
+        n = rng.integers(2_000, 40_000, size=3)
+        u, v = float(n.sum()), float((n * n).sum())
+        noise = rng.choice([0.7, 1.0, 1.0, 1.0, 1.6])  # shared steps on either side
+        assert fit.observe_uv(u, v, (a * u + b * v) * noise * rng.lognormal(0, 0.05), float(i))
+    curve = fit.refit()
+    assert not curve.default and curve.b == b
+    assert curve.a == pytest.approx(a, rel=0.1)

@@ -3,6 +3,8 @@ queue's recorded steps gives what a full replay with the request in it gives."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given
@@ -10,6 +12,7 @@ from hypothesis import given
 from foretoken.core.queue.future import Future
 from foretoken.core.queue.inflight import InFlightEstimate
 from foretoken.core.queue.scheduler import (
+    KvModel,
     NewRequest,
     _scheduler_from,
     projected_drain_s,
@@ -76,3 +79,33 @@ def test_a_new_cost_curve_replays_the_future_again() -> None:
     fast_s = estimate.predict(NewRequest(100), NOW, COST).ttft_s
     slow_s = estimate.predict(NewRequest(100), NOW, slow).ttft_s
     assert slow_s > fast_s
+
+
+kv_st = st.builds(KvModel, st.integers(1, 120), st.sampled_from([1, 4, 16]))
+
+
+@PROPERTY
+@given(
+    settings_st,
+    state_st(),
+    st.lists(new_st, min_size=1, max_size=3),
+    cost_st,
+    kv_st,
+    st.integers(1, 40),
+    st.lists(st.sampled_from([0.0, 0.3, 50.0]), min_size=1, max_size=2),
+)
+def test_the_walk_stays_exact_when_admission_waits_for_kv_blocks(
+    settings_, state, news, cost, kv, output, later
+) -> None:
+    """A head whose blocks do not fit waits, with everyone behind it, until running
+    sequences leave: the walk still gives what the full replay gives."""
+    future = Future.record(
+        _scheduler_from(settings_, state, kv), settings_, NOW, cost, state.prefill_tokens_left
+    )
+    for now_s in (NOW + d for d in later):
+        for new in news:
+            new = dataclasses.replace(new, output_tokens=output)
+            walked = future.first_token(new, now_s)
+            full = simulate_until_first_token(settings_, state, new, now_s, cost, kv)
+            assert walked.steps == full.steps
+            assert walked.ttft_s == pytest.approx(full.ttft_s, rel=1e-9, abs=1e-12)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from foretoken.core.queue.inflight import InFlightEstimate
 from foretoken.core.queue.scheduler import (
     CurveStepCost,
+    KvModel,
     NewRequest,
     QueueState,
     SeqState,
@@ -247,6 +248,28 @@ def test_phases_follow_the_estimate_and_the_outcomes() -> None:
     queue.finished(rid("a"), NOW + 1.0)
     assert queue.phase(rid("a")) is Phase.FINISHED
     assert queue.phase(rid("unknown")) is None
+
+
+def test_a_prompt_whose_kv_blocks_do_not_fit_waits_for_a_running_request_to_leave() -> None:
+    # 10 blocks of 10 tokens. a (60-token prompt, 20 output tokens) reserves
+    # ceil(79 / 10) = 8 blocks; the new 30-token prompt needs 3: it waits until a's last
+    # token (step 1: a's prefill; steps 2..20: its 19 other tokens), then runs in step 21.
+    kv = KvModel(gpu_blocks=10, block_size=10)
+    queue = WorkerQueue(sched(), kv=kv)
+    queue.add(rid("a"), NOW, 60, 0, 20)
+    waits = queue.predict(NewRequest(30, 0, 1), NOW, COST)
+    expected = 21 * OVERHEAD + curve(60) + 19 * DECODE + curve(30)
+    assert waits.ttft_s == pytest.approx(expected)
+    # without the KV model (or with room for both) both prompts share step 1.
+    free = WorkerQueue(sched())
+    free.add(rid("a"), NOW, 60, 0, 20)
+    together = OVERHEAD + curve(60) + curve(30)
+    assert free.predict(NewRequest(30, 0, 1), NOW, COST).ttft_s == pytest.approx(together)
+    roomy = WorkerQueue(sched(), kv=KvModel(gpu_blocks=11, block_size=10))
+    roomy.add(rid("a"), NOW, 60, 0, 20)
+    assert roomy.predict(NewRequest(30, 0, 1), NOW, COST).ttft_s == pytest.approx(together)
+    # a credited cached prefix is shared: 25 cached tokens take 2 blocks off its 3
+    assert queue.predict(NewRequest(30, 25, 1), NOW, COST).ttft_s < expected
 
 
 def test_in_flight_prefill_is_estimated_from_the_send_time() -> None:

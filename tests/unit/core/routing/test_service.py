@@ -141,9 +141,10 @@ def test_a_conversation_sticks_unless_staying_costs_more() -> None:
                          actual_ttft_s=0.05, e2e_s=0.2, output_tokens=3), 0.2)  # type: ignore[arg-type]  # fmt: skip
     second = p.route(_req("t2", 1024, conversation_id="conv").query(), 1.0, 1.0)
     assert second.worker_id == home
-    for i in range(5):  # the home worker gets very busy
+    for i in range(5):  # the home worker gets very busy (twice the other's work)
         p.route(_req(f"other{i}", 60_000).query(), 1.0, 1.0)
         p.book.queues[home].add(f"pin{i}", 1.0, 60_000, 0, 10)  # type: ignore[arg-type]
+        p.book.queues[home].add(f"pin{i}b", 1.0, 60_000, 0, 10)  # type: ignore[arg-type]
     third = p.route(_req("t3", 1024, conversation_id="conv").query(), 1.0, 1.0)
     assert third.worker_id != home
 
@@ -233,12 +234,7 @@ def test_a_prompt_whose_own_prefill_exceeds_the_bound_is_told_not_to_retry() -> 
     assert g.retry_after_s is None  # waiting cannot help
 
 
-def test_a_worker_that_is_never_idle_learns_from_back_to_back_first_tokens() -> None:
-    """Busy-period samples: every request queued behind the previous one; the gaps between
-    first tokens are their prefill times. They bootstrap the curve until cold samples come,
-    which then take over."""
-    p = _predictor(1)
-    a, b = 2e-4, 3e-9
+def _back_to_back(p: RouteService, a: float, b: float) -> None:
     sizes = [2048 + 523 * k for k in range(12)]
     for k, n in enumerate(sizes):
         req = RouteRequest(request_id=f"q{k}", model=MODEL,
@@ -250,6 +246,27 @@ def test_a_worker_that_is_never_idle_learns_from_back_to_back_first_tokens() -> 
         t += a * n + b * n * n
         p.on_outcome(Outcome(request_id=f"q{k}", ts=t, kind="first_token", worker_id="w0",
                              actual_ttft_s=t), t)  # fmt: skip
+
+
+def test_busy_chains_bootstrap_a_worker_that_is_never_idle() -> None:
+    """Busy chains (the default): the gaps between consecutive first tokens, less the
+    steps' overhead, fit ``a`` with ``b`` fixed; the curve leaves the default."""
+    p = _predictor(1)
+    a, b = 2e-4, 3e-9
+    _back_to_back(p, a, b)
+    curve = p.fits.curve("w0")
+    assert not curve.default and p.fits.describe()[0]["source"] == "busy"
+    mean_n = 2048 + 523 * 5.5  # b·N folded into a at the prompts' sizes
+    assert curve.a + curve.b * mean_n == pytest.approx(a + b * mean_n, rel=0.25)
+
+
+def test_a_worker_that_is_never_idle_learns_from_back_to_back_first_tokens() -> None:
+    """Per-prompt busy-period samples (``busy_chain_budgets = 0``): every request queued
+    behind the previous one; the gaps between first tokens are their prefill times. They
+    bootstrap the curve until cold samples come, which then take over."""
+    p = _predictor(1, busy_chain_budgets=0)
+    a, b = 2e-4, 3e-9
+    _back_to_back(p, a, b)
     curve = p.fits.curve("w0")
     assert not curve.default
     assert curve.a == pytest.approx(a, rel=0.05) and curve.b == pytest.approx(b, rel=0.05)

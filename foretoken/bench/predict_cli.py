@@ -1,0 +1,43 @@
+"""`foretoken bench predict` with options: the accuracy matrix, one trace × fleet, or the
+error decomposition; a table on stdout, the JSON to ``--json`` (and .run/bench/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from foretoken.bench.accuracy_matrix import run_matrix, run_single, table
+
+OUT = Path(".run/bench")
+
+
+def _write(result: dict[str, Any], json_path: str | None, stem: str) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=1, default=float)
+    (OUT / f"{stem}.json").write_text(text)
+    if json_path:
+        Path(json_path).write_text(text)
+
+
+def predict_command(*, quick: bool, trace: str | None, fleet: str | None, loads: str,
+                    load: float | None, limit: int | None, seed: int, matrix: bool, jobs: int,
+                    explain: bool, json_path: str | None) -> None:  # fmt: skip
+    levels = [load] if load is not None else [float(x) for x in loads.split(",") if x]
+    if explain:
+        from foretoken.bench.explain import explain_command, explain_table
+
+        result = explain_command(trace or "poisson-long", fleet or "hetero", levels,
+                                 limit=limit, seed=seed, jobs=jobs)  # fmt: skip
+        _write(result, json_path, "predict-explain")
+        print(explain_table(result))
+        return
+    if matrix:
+        result = run_matrix(quick, jobs=jobs, seed=seed, limit=limit, loads=levels)
+        _write(result, json_path, "predict-matrix-quick" if quick else "predict-matrix")
+    else:
+        if not (trace and fleet):
+            raise ValueError("give --trace and --fleet (or --matrix)")
+        result = run_single(trace, fleet, levels, limit=limit, seed=seed, jobs=jobs)
+        _write(result, json_path, "predict-cells")
+    print(table(result))

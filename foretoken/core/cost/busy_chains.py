@@ -1,0 +1,93 @@
+"""Busy chains: prefill samples from a worker that is never idle (PRODUCT.md §3, issue 15
+point 3 "a cold start that does not starve").
+
+Under steady load a worker rarely runs a prompt alone, so cold samples (a request alone on
+its worker) are rare — 3 to 14 of 2,000 on long-prompt workloads — and the worker predicts
+with the conservative default for most of the run. But while it is busy, the gap between
+two consecutive first tokens is the engine's work in between: the next prompt's prefill
+(chunks of it, for a chunked engine that shares steps), plus the steps' overhead and
+decode. :class:`BusyChains` sums those gaps, per worker, over consecutive first tokens of
+requests queued since before the previous one (another prompt whose first token comes in
+the same step — the same timestamp — joins with a zero gap), with the prompts' prefill
+regressors ``u = Σ(N − K)`` and ``v = Σ(N² − K²)``. A chain whose prompts hold at least
+``budgets`` step budgets of new tokens becomes one sample when the next step's first token
+comes (so every prompt of its last step is in it), less the overhead and decode of its
+steps: at least one per distinct first-token time, and as many as its tokens need at the
+step budget left by the requests decoding. A gap that is not a busy one (the request was
+sent after the previous first token, or the queue model says admission was blocked —
+steps that only decode) starts afresh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from foretoken.core.types import SchedulerSettings, WorkerId
+
+
+@dataclass(slots=True)
+class _Chain:
+    seconds: float = 0.0
+    u: float = 0.0
+    v: float = 0.0
+    longest: float = 0.0  # the largest new-token count of one prompt
+    steps: int = 0  # distinct first-token times
+
+
+@dataclass(frozen=True, slots=True)
+class ChainSample:
+    u: float
+    v: float
+    seconds: float
+
+
+@dataclass(slots=True)
+class BusyChains:
+    budgets: float = 1.0
+    chains: dict[WorkerId, _Chain] = field(default_factory=dict)
+
+    def drop(self, wid: WorkerId) -> None:
+        self.chains.pop(wid, None)
+
+    def has(self, wid: WorkerId) -> bool:
+        return wid in self.chains
+
+    def add(
+        self, wid: WorkerId, settings: SchedulerSettings, n: int, cached: int, gap_s: float,
+        step_s: float, decoding: float,
+    ) -> ChainSample | None:  # fmt: skip
+        """A first token ``gap_s`` after the worker's previous one (0: the same step) of a
+        prompt of ``n`` tokens, ``cached`` reused. ``step_s``: one decode step's cost with
+        ``decoding`` requests decoding. Returns the chain it completed, if any."""
+        chain = self.chains.get(wid)
+        sample = None
+        if (
+            chain is not None
+            and gap_s > 0
+            and chain.u >= self.budgets * settings.max_num_batched_tokens
+        ):
+            sample = _sample(chain, settings, step_s, decoding)
+            chain = None
+        if chain is None:
+            chain = self.chains[wid] = _Chain()
+        k = min(max(cached, 0), n)
+        chain.seconds += gap_s
+        chain.u += n - k
+        chain.v += n * n - k * k
+        chain.longest = max(chain.longest, n - k)
+        chain.steps += gap_s > 0
+        return sample
+
+
+def _sample(
+    chain: _Chain, settings: SchedulerSettings, step_s: float, decoding: float
+) -> ChainSample | None:
+    budget = settings.max_num_batched_tokens
+    cap = settings.long_prefill_token_threshold or budget
+    steps = max(
+        -(-int(chain.u) // max(budget - int(decoding), 1)),
+        -(-int(chain.longest) // max(min(cap, budget), 1)),
+        chain.steps,
+    )
+    seconds = chain.seconds - steps * step_s
+    return ChainSample(chain.u, chain.v, seconds) if seconds > 0 else None

@@ -1,0 +1,204 @@
+"""Issue 16's findings on the processor and its web server, on the live stack (worker,
+simulated fleet, ingest, router, dashboard) with a shared route token:
+
+* no foretoken process listens on every interface (0.0.0.0 / ::), and the processor binds
+  exactly the address FORETOKEN_WEB_HOST names (Faust's web_bind), needing its token there;
+* 90 POSTs of prompt_tokens 8000 to /v1/route with no traffic behind them do not put idle
+  workers into admission, and normal requests are served afterwards;
+* `x-already-waited-s: 100` on a few requests does not put a worker into admission;
+* bad route bodies are 4xx JSON errors naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, wait_http
+from foretoken.settings import Settings
+from tests.conftest import free_port, worker_env
+from tests.integration.listeners import descendants, listeners, listening_on_port
+from tests.integration.stack import Stack, start_stack
+
+pytestmark = pytest.mark.integration
+MODEL = "sim-small"
+TOKEN = "edge-secret"
+# Budget 3 s: a worker would reach admission within seconds of a growing tail.
+CONFIG = """
+[controls]
+window_s = 30.0
+min_samples = 4
+breach_s = 1.0
+recovery_s = 600.0
+evaluate_every_s = 0.5
+corroborating_queue_tokens = 1
+
+[controls.classes.default]
+objective_ttft_s = 4.0
+non_queue_latency_s = 0.5
+margin_s = 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("edges")
+    config = tmp / "edges.toml"
+    config.write_text(CONFIG)
+    s = start_stack(
+        kafka_settings,
+        tmp,
+        route_timeout_s=3.0,
+        extra_env={"FORETOKEN_CONFIG": str(config), "FORETOKEN_ROUTE_TOKEN": TOKEN},
+    )
+    yield s
+    s.stop_all()
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def complete(stack: Stack, i: int, headers: dict[str, str] | None = None) -> int:
+    body = {"model": MODEL, "prompt": f"request {i} " * 40, "max_tokens": 4}
+    return post(f"{stack.router_url}/v1/completions", json.dumps(body).encode(), headers)[0]
+
+
+def wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the process exited"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+def stages(stack: Stack) -> dict[tuple[str, str], str]:
+    tracks = get_json(f"{stack.worker.url}/v1/controls")["tracks"]
+    return {(t["workload_class"], t["worker_id"]): t["stage"] for t in tracks}
+
+
+def test_no_foretoken_port_listens_on_every_interface(stack: Stack, tmp_path: Any) -> None:
+    """Finding 8: the worker listened on 0.0.0.0 whatever FORETOKEN_WEB_HOST said, and the
+    dashboard on every interface."""
+    port = free_port()
+    dashboard = spawn(foretoken_cmd("dashboard", "--lake", str(tmp_path), "--port", str(port)),
+                      {}, tmp_path / "dashboard.log")  # fmt: skip
+    try:
+        wait_ok(f"http://127.0.0.1:{port}/_stcore/health", dashboard)
+        roots = {p.pid for p in stack.procs.values()} | {dashboard.pid}
+        assert stack.worker_proc is not None
+        roots.add(stack.worker_proc.pid)
+        found = listeners(descendants(roots))
+        ports = {entry.port for entry in found}
+        assert port in ports and int(stack.worker.url.rsplit(":", 1)[1]) in ports
+        assert len(ports) >= 2 + 3 * len(stack.engines)  # + engines' HTTP, PUB, replay
+        assert not [entry for entry in found if entry.wildcard], found
+        broker = stack.worker.settings.kafka.bootstrap_servers.rsplit(":", 1)[1]
+        assert not [e for e in listening_on_port(int(broker)) if e.wildcard]
+    finally:
+        stop(dashboard)
+
+
+def test_the_processor_binds_web_host_and_needs_its_token_there(
+    kafka_settings: Settings, tmp_path: Any
+) -> None:
+    refused = subprocess.run(
+        foretoken_cmd("worker"), capture_output=True, text=True, timeout=60,
+        env={**dict(__import__("os").environ), "FORETOKEN_WEB_HOST": "0.0.0.0",
+             "FORETOKEN_ROUTE_TOKEN": ""},
+    )  # fmt: skip
+    assert refused.returncode == 2 and "route.token" in refused.stderr
+    port = free_port("127.0.0.2")
+    env = {**worker_env(kafka_settings, tmp_path, port), "FORETOKEN_WEB_HOST": "127.0.0.2",
+           "FORETOKEN_ROUTE_TOKEN": TOKEN}  # fmt: skip
+    proc = spawn(foretoken_cmd("worker"), env, tmp_path / "worker.log")
+    try:
+        url = f"http://127.0.0.2:{port}"
+        wait_http(f"{url}/healthz", 120, proc)
+        found = listeners(descendants({proc.pid}))
+        assert {e.address for e in found} == {"127.0.0.2"}, found
+        body = json.dumps({"request_id": "t", "model": MODEL, "prompt_tokens": 10}).encode()
+        status, answer = post(f"{url}/v1/route", body)
+        assert status == 401 and answer["error"]["code"] == "unauthorized"
+        status, _ = post(f"{url}/v1/route", body, {"x-foretoken-route-token": "wrong"})
+        assert status == 401
+        status, _ = post(f"{url}/v1/route", body, {"x-foretoken-route-token": TOKEN})
+        assert status == 200
+    finally:
+        stop(proc)
+
+
+def test_route_posts_with_no_traffic_behind_them_leave_idle_workers_admitting(
+    stack: Stack,
+) -> None:
+    """Finding 8: 90 POSTs of prompt_tokens 8000 put every idle worker into admission and
+    100% of normal requests got 429 for up to 900 s."""
+    token = {"x-foretoken-route-token": TOKEN}
+    for i in range(90):
+        body = json.dumps({"request_id": f"inject{i}", "model": MODEL, "prompt_tokens": 8000})
+        status, _ = post(f"{stack.worker.url}/v1/route", body.encode(), token)
+        assert status == 200
+    deadline = time.monotonic() + 10.0  # the old tail passed the 3 s budget within ~5 s
+    while time.monotonic() < deadline:
+        assert "admission" not in stages(stack).values()
+        time.sleep(0.5)
+    assert get_json(f"{stack.worker.url}/v1/controls")["pending"] == 0
+    statuses = [complete(stack, i) for i in range(12)]
+    assert statuses == [200] * 12
+
+
+def test_time_already_waited_does_not_put_a_worker_into_admission(stack: Stack) -> None:
+    """Finding 8: `x-already-waited-s: 100` on four requests put a worker into admission."""
+    statuses = [complete(stack, 100 + i, {"x-already-waited-s": "100"}) for i in range(8)]
+    assert statuses == [200] * 8
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline:
+        assert "admission" not in stages(stack).values()
+        time.sleep(0.5)
+    tails = [t["tail_queue_s"] for t in get_json(f"{stack.worker.url}/v1/controls")["tracks"]]
+    assert all(t is None or t < 3.0 for t in tails), tails
+    assert [complete(stack, 200 + i) for i in range(8)] == [200] * 8
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b'{"request_id": "b1", "model": "sim-small", "token_ids": [1, -1]}', 400, "token_ids"),
+        (b'{"request_id": "b2", "model": "sim-small", "token_ids": [18446744073709551616]}',
+         400, "token_ids"),
+        (b'{"request_id": "b3", "model": "sim-small", "prompt_tokens": 5, '
+         b'"expected_output_tokens": 1e30}', 400, "expected_output_tokens"),
+        (b'{"request_id": "b4", "model": ["sim-small"], "prompt_tokens": 5}', 400, "model"),
+        (b"\xff\xfe\xfd", 400, "body"),
+        (b'{"request_id": "b5", "model": "m", "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+         400, "body"),
+    ],
+)  # fmt: skip
+def test_bad_route_bodies_are_4xx_naming_the_field(
+    stack: Stack, body: bytes, status: int, param: str
+) -> None:
+    got, answer = post(f"{stack.worker.url}/v1/route", body, {"x-foretoken-route-token": TOKEN})
+    assert got == status and answer["error"]["param"] == param, answer

@@ -1,0 +1,40 @@
+"""Busy chains: prefill samples from consecutive first tokens of a never-idle worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from foretoken.core.cost.busy_chains import BusyChains
+from foretoken.core.types import SchedulerSettings, WorkerId
+
+W = WorkerId("w")
+SETTINGS = SchedulerSettings(max_num_batched_tokens=1000, max_num_seqs=16)
+
+
+def test_a_chain_of_a_step_budget_becomes_one_sample_less_its_steps() -> None:
+    chains = BusyChains(budgets=1.0)
+    assert chains.add(W, SETTINGS, 600, 0, 0.5, step_s=0.01, decoding=0) is None
+    assert chains.add(W, SETTINGS, 800, 200, 0.4, step_s=0.01, decoding=0) is None
+    # the next step's first token closes it: 1200 new tokens, 2 steps of overhead
+    sample = chains.add(W, SETTINGS, 100, 0, 0.3, step_s=0.01, decoding=0)
+    assert sample is not None
+    assert sample.u == 1200 and sample.v == 600**2 + 800**2 - 200**2
+    assert sample.seconds == pytest.approx(0.9 - 2 * 0.01)
+
+
+def test_decoders_take_budget_and_a_prompt_of_the_same_step_joins_with_no_gap() -> None:
+    chains = BusyChains(budgets=1.0)
+    chains.add(W, SETTINGS, 900, 0, 0.6, step_s=0.02, decoding=500)
+    chains.add(W, SETTINGS, 300, 0, 0.0, step_s=0.02, decoding=500)  # the same step
+    sample = chains.add(W, SETTINGS, 10, 0, 0.1, step_s=0.02, decoding=500)
+    assert sample is not None and sample.u == 1200
+    # 500 decoders leave 500 tokens a step: ceil(1200 / 500) = 3 steps
+    assert sample.seconds == pytest.approx(0.6 - 3 * 0.02)
+
+
+def test_a_dropped_chain_starts_afresh() -> None:
+    chains = BusyChains(budgets=1.0)
+    chains.add(W, SETTINGS, 2000, 0, 1.0, step_s=0.01, decoding=0)
+    chains.drop(W)
+    assert not chains.has(W)
+    assert chains.add(W, SETTINGS, 100, 0, 0.2, step_s=0.01, decoding=0) is None
