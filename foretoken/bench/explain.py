@@ -124,10 +124,11 @@ class Decomposer:
             cand = original(profile, hit, n, now_s, out)
             if self.current is not None:
                 wid = profile.worker_id
-                fut = preds.book.queues[wid]._estimate.future(now_s, step_cost(preds.fits, wid))
+                cost = step_cost(preds.fits, wid, native=False)
+                fut = preds.book.queues[wid]._estimate.future(now_s, cost)
                 # the Python walk: its parts are what this view splits (the native walk
-                # is only taken when it models the same queue, and gives the same total)
-                assert isinstance(fut, Future), "explain runs with predictor.queue_walk=python"
+                # gives the same total, bit for bit: tests/unit/core/queue/test_native_walk.py)
+                assert isinstance(fut, Future)
                 parts = predicted_parts(fut, n, cand.cached_tokens, now_s, out)
                 pred = cand.prediction
                 parts["own"] = preds.fits.curve(wid).own_prefill_s(n, cand.cached_tokens)

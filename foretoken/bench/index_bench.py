@@ -25,7 +25,8 @@ JSON object; ``summary`` is flat, each figure beside the reference's
 Each backend's ingest and memory run in a fresh process, one after the other. ``--callgrind``
 (on in the full run) adds instruction counts (``valgrind --tool=callgrind``, repeatable on a
 shared machine) of one lookup, one hash and one stored block, native against reference: a
-process that sets up and runs k operations minus one that sets up and runs none, over k.
+process that sets up and runs k operations minus one that sets up and runs none, over k
+(k large enough that a process start's variation, ~2 M instructions, stays below 0.5%).
 """
 
 from __future__ import annotations
@@ -395,7 +396,13 @@ def measure_memory(backend: str, entries: int, sharing: int = 1) -> dict[str, ob
 # --------------------------------------------------------------------------- callgrind
 
 CALLGRIND_OPS = ("lookup", "hash", "ingest")
-CALLGRIND_K = {"lookup": 20, "hash": 20, "ingest": 64}
+# Operations per measured process: a Python process's start varies by ~2 M instructions from
+# run to run, so k is chosen to make the operations ~0.5–1 G instructions (noise < 0.5%).
+CALLGRIND_K = {
+    ("lookup", "native"): 1000, ("lookup", "python"): 60,
+    ("hash", "native"): 2000, ("hash", "python"): 200,
+    ("ingest", "native"): 2000, ("ingest", "python"): 1000,
+}  # fmt: skip
 
 
 def callgrind_op(op: str, backend: str, k: int) -> None:
@@ -408,7 +415,7 @@ def callgrind_op(op: str, backend: str, k: int) -> None:
         for e in engines:
             index.register_worker(e.worker_id, MODEL, BLOCK)
         warm = [e.batch() for _ in range(40) for e in engines]  # full: removals too
-        timed = [engines[i % 16].batch() for i in range(CALLGRIND_K["ingest"])]
+        timed = [engines[i % 16].batch() for i in range(CALLGRIND_K["ingest", backend])]
         for b in warm:
             index.apply(b, 1.0)
         for b in timed[:k]:
@@ -453,9 +460,9 @@ def bench_callgrind() -> dict[str, object]:
         return {"skipped": "valgrind is not installed"}
     out: dict[str, object] = {}
     for op in CALLGRIND_OPS:
-        k = CALLGRIND_K[op]
         row: dict[str, object] = {}
         for backend in BACKENDS:
+            k = CALLGRIND_K[op, backend]
             base, _ = _callgrind_instructions(op, backend, 0)
             total, stdout = _callgrind_instructions(op, backend, k)
             per = (total - base) / k

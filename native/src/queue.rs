@@ -48,6 +48,25 @@ pub struct Settings {
     pub cap: i64,
 }
 
+/// The engine's KV capacity (the reference's `KvModel`): an admitted sequence reserves its
+/// blocks, and the head of the waiting queue waits until its blocks fit (a sequence alone
+/// on the engine always starts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kv {
+    pub gpu_blocks: i64,
+    pub block_size: i64,
+}
+
+impl Kv {
+    /// `ceil((prompt + output − 1) / block_size)` less the cached prefix's whole blocks,
+    /// within `1..=gpu_blocks` (the reference's `KvModel.blocks`).
+    pub fn blocks(&self, prompt_tokens: i64, cached_tokens: i64, output_tokens: i64) -> i64 {
+        let mut total = ceil_div(prompt_tokens + output_tokens.max(1) - 1, self.block_size);
+        total -= cached_tokens.max(0).div_euclid(self.block_size);
+        total.min(self.gpu_blocks).max(1)
+    }
+}
+
 impl Settings {
     /// The cap as the scheduler uses it (none for a serial engine).
     fn effective_cap(&self) -> i64 {
@@ -70,6 +89,8 @@ pub struct Stretch {
     pub budget_left: i64,
     pub running: i64,
     pub waiting: i64,
+    /// KV blocks the running sequences reserve (0 without a KV model).
+    pub kv_used: i64,
 }
 
 impl Stretch {
@@ -92,6 +113,8 @@ pub struct Seq {
     pub left: i64,
     /// Admission order once running.
     pub order: i64,
+    /// KV blocks it reserves while running (0 without a KV model).
+    pub blocks: i64,
 }
 
 /// The step scheduler replaying a queue's future (the reference's `_Scheduler` with
@@ -103,10 +126,15 @@ pub struct Scheduler {
     /// Decoders in admission order, and the step at whose end each emits its last token.
     pub dec_orders: Vec<i64>,
     pub dec_done: Vec<i64>,
+    /// The KV blocks of each decoder (parallel to `dec_orders`).
+    pub dec_blocks: Vec<i64>,
     pub waiting: VecDeque<Seq>,
     pub free_at_s: f64,
     pub steps: i64,
     pub next_order: i64,
+    /// The engine's KV blocks (0: no KV model) and those the running sequences reserve.
+    pub kv_cap: i64,
+    pub kv_used: i64,
 }
 
 /// What a replay cannot do (the reference raises `RuntimeError` / `ValueError`).
@@ -182,10 +210,14 @@ impl Scheduler {
     fn admit(&mut self, mut budget: i64, sizes: &mut Vec<i64>) -> bool {
         let mut running = (self.prefilling.len() + self.dec_orders.len()) as i64;
         let mut admitted = false;
+        let (mut kv_used, kv_cap) = (self.kv_used, self.kv_cap);
         while budget > 0 && running < self.settings.max_seqs {
             let Some(&head) = self.waiting.front() else {
                 break;
             };
+            if kv_used != 0 && kv_used + head.blocks > kv_cap {
+                break; // its KV blocks do not fit: it waits, and everyone behind it
+            }
             let mut size = head.end - head.computed;
             if self.settings.chunked {
                 size = self.clamp(size, budget);
@@ -195,12 +227,14 @@ impl Scheduler {
             let mut seq = self.waiting.pop_front().expect("a head");
             seq.order = self.next_order;
             self.next_order += 1;
+            kv_used += seq.blocks;
             self.prefilling.push(seq);
             sizes.push(size);
             budget -= size;
             running += 1;
             admitted = true;
         }
+        self.kv_used = kv_used;
         admitted
     }
 
@@ -262,6 +296,7 @@ impl Scheduler {
             budget_left: self.settings.budget - decoders - used,
             running: (self.prefilling.len() + self.dec_orders.len()) as i64,
             waiting: self.waiting.len() as i64,
+            kv_used: self.kv_used,
         };
         self.advance(&sizes, decoders, steps);
         Ok(Some(stretch))
@@ -300,6 +335,9 @@ impl Scheduler {
             let at = bisect_left(&self.dec_orders, seq.order);
             self.dec_orders.insert(at, seq.order);
             self.dec_done.insert(at, self.steps + seq.left);
+            self.dec_blocks.insert(at, seq.blocks);
+        } else {
+            self.kv_used -= seq.blocks; // it leaves: its blocks are free
         }
     }
 
@@ -307,14 +345,26 @@ impl Scheduler {
         let now = self.steps;
         let mut kept_orders = Vec::with_capacity(self.dec_orders.len());
         let mut kept_done = Vec::with_capacity(self.dec_done.len());
-        for (&order, &done) in self.dec_orders.iter().zip(&self.dec_done) {
+        let mut kept_blocks = Vec::with_capacity(self.dec_blocks.len());
+        let mut freed = 0;
+        for ((&order, &done), &blocks) in self
+            .dec_orders
+            .iter()
+            .zip(&self.dec_done)
+            .zip(&self.dec_blocks)
+        {
             if done > now {
                 kept_orders.push(order);
                 kept_done.push(done);
+                kept_blocks.push(blocks);
+            } else {
+                freed += blocks;
             }
         }
+        self.kv_used -= freed;
         self.dec_orders = kept_orders;
         self.dec_done = kept_done;
+        self.dec_blocks = kept_blocks;
     }
 }
 
@@ -333,6 +383,8 @@ pub struct Prediction {
 pub struct Future {
     pub settings: Settings,
     pub cost: Cost,
+    /// The KV model the queue was replayed with (None: admission never waits for blocks).
+    pub kv: Option<Kv>,
     pub ready_s: f64,
     pub start_s: f64,
     pub stretches: Vec<Stretch>,
@@ -359,6 +411,7 @@ impl Future {
         mut scheduler: Scheduler,
         now_s: f64,
         cost: Cost,
+        kv: Option<Kv>,
         tokens_ahead: i64,
     ) -> Result<Future, QueueError> {
         let ready_s = scheduler.free_at_s;
@@ -379,6 +432,7 @@ impl Future {
         Ok(Future {
             settings: scheduler.settings,
             cost,
+            kv,
             ready_s,
             start_s: begin_s,
             stretches,
@@ -409,9 +463,19 @@ impl Future {
 
     /// What the full replay gives for a new request arriving at `now_s` behind this queue
     /// (the reference's `Future.first_token`).
-    pub fn first_token(&self, prompt_tokens: i64, cached_tokens: i64, now_s: f64) -> Prediction {
+    pub fn first_token(
+        &self,
+        prompt_tokens: i64,
+        cached_tokens: i64,
+        output_tokens: i64,
+        now_s: f64,
+    ) -> Prediction {
         let (settings, cost) = (&self.settings, &self.cost);
         let (first, prompt) = prefill_span(prompt_tokens, cached_tokens);
+        let (blocks, kv_cap) = match self.kv {
+            Some(kv) => (kv.blocks(prompt, first, output_tokens), kv.gpu_blocks),
+            None => (0, 0),
+        };
         let chunked = settings.chunked;
         let cap = settings.effective_cap();
         let (budget, max_seqs) = (settings.budget, settings.max_seqs);
@@ -419,7 +483,10 @@ impl Future {
         let mut done_s = None;
         for st in &self.stretches {
             let left = st.budget_left;
-            if left <= 0 || (!admitted && (st.running >= max_seqs || st.waiting != 0)) {
+            let blocked = st.running >= max_seqs
+                || st.waiting != 0
+                || (st.kv_used + blocks > kv_cap && kv_cap > 0);
+            if left <= 0 || (!admitted && blocked) {
                 steps += st.steps;
                 continue;
             }
@@ -505,18 +572,31 @@ mod tests {
             prefilling: Vec::new(),
             dec_orders: Vec::new(),
             dec_done: Vec::new(),
+            dec_blocks: Vec::new(),
             waiting: VecDeque::new(),
             free_at_s: 10.0,
             steps: 0,
             next_order: 0,
+            kv_cap: 0,
+            kv_used: 0,
+        }
+    }
+
+    fn prompt(end: i64, left: i64, blocks: i64) -> Seq {
+        Seq {
+            computed: 0,
+            end,
+            left,
+            order: -1,
+            blocks,
         }
     }
 
     #[test]
     fn an_idle_engine_prefills_alone_in_budget_sized_chunks() {
-        let future = Future::record(empty(true), 12.0, cost(), 0).unwrap();
+        let future = Future::record(empty(true), 12.0, cost(), None, 0).unwrap();
         assert!(future.stretches.is_empty());
-        let p = future.first_token(20_000, 0, 12.0);
+        let p = future.first_token(20_000, 0, 1, 12.0);
         let c = cost();
         assert_eq!(p.steps, 3); // ceil(20000 / 8192)
         assert_eq!(
@@ -529,21 +609,52 @@ mod tests {
     #[test]
     fn a_queued_prompt_goes_first_and_its_stretch_is_recorded() {
         let mut s = empty(true);
-        s.waiting.push_back(Seq {
-            computed: 0,
-            end: 16_384,
-            left: 3,
-            order: -1,
-        });
-        let future = Future::record(s, 10.0, cost(), 16_384).unwrap();
+        s.waiting.push_back(prompt(16_384, 3, 0));
+        let future = Future::record(s, 10.0, cost(), None, 16_384).unwrap();
         // admitted alone (1 step), then a stretch of 1 step completing it, then decoding
         assert_eq!(future.stretches[0].steps, 1);
         assert_eq!(future.stretches[0].chunks, vec![(0, 8192)]);
         assert!(future.drained_s.is_some());
-        let alone = Future::record(empty(true), 10.0, cost(), 0).unwrap();
-        let behind = future.first_token(1000, 0, 10.0);
-        assert!(behind.ttft_s > alone.first_token(1000, 0, 10.0).ttft_s);
+        let alone = Future::record(empty(true), 10.0, cost(), None, 0).unwrap();
+        let behind = future.first_token(1000, 0, 1, 10.0);
+        assert!(behind.ttft_s > alone.first_token(1000, 0, 1, 10.0).ttft_s);
         assert_eq!(behind.queue_tokens_ahead, 16_384);
+    }
+
+    #[test]
+    fn a_head_whose_blocks_do_not_fit_waits_until_they_are_freed() {
+        let kv = Kv {
+            gpu_blocks: 100,
+            block_size: 16,
+        };
+        let mut s = empty(true);
+        s.kv_cap = kv.gpu_blocks;
+        s.waiting.push_back(prompt(1000, 200, 80)); // 80 of 100 blocks
+        s.waiting.push_back(prompt(100, 2, 30)); // does not fit beside it
+        let future = Future::record(s, 10.0, cost(), Some(kv), 1100).unwrap();
+        let first = &future.stretches[0];
+        assert_eq!((first.running, first.waiting, first.kv_used), (1, 1, 80));
+        // the second starts only once the first has left (200 output tokens later)
+        let second_admitted = future
+            .stretches
+            .iter()
+            .position(|st| st.waiting == 0)
+            .expect("admitted at last");
+        assert!(
+            future.stretches[..second_admitted]
+                .iter()
+                .map(|st| st.steps)
+                .sum::<i64>()
+                >= 200
+        );
+        // a new request needing more than what is left waits too; a small one does not
+        let big = future.first_token(8000, 0, 1, 10.0); // 100 blocks: waits for an empty engine
+        let small = future.first_token(16, 0, 1, 10.0);
+        assert!(big.steps > small.steps);
+        assert_eq!(kv.blocks(800, 0, 1), 50);
+        assert_eq!(kv.blocks(16, 0, 1), 1);
+        assert_eq!(kv.blocks(10_000, 0, 1), 100); // at most the engine's blocks
+        assert_eq!(kv.blocks(32, 32, 1), 1); // at least one
     }
 
     #[test]

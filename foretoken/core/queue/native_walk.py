@@ -24,6 +24,7 @@ from typing import Any
 from foretoken.core.queue.scheduler import (
     MIN_OUTPUT_TOKENS_LEFT,
     CurveStepCost,
+    KvModel,
     NewRequest,
     QueuePrediction,
     StepCost,
@@ -38,28 +39,35 @@ try:
 except ImportError:  # pragma: no cover - the build installs it; the Python walk remains
     _native = None
 
-# (computed, end, output tokens left, admission order) of a partial prefill; (order, step
-# of its last token) of a decoder; (computed, end, output tokens left) of a waiting one.
-Prefilling = tuple[int, int, int, int]
-Decoder = tuple[int, int]
-Waiting = tuple[int, int, int]
+# (computed, end, output tokens left, admission order, KV blocks) of a partial prefill;
+# (order, step of its last token, KV blocks) of a decoder; (computed, end, output tokens
+# left, KV blocks) of a waiting one.
+Prefilling = tuple[int, int, int, int, int]
+Decoder = tuple[int, int, int]
+Waiting = tuple[int, int, int, int]
 
-# What the port models: the Python queue model's settings, step cost, sequence and scheduler
-# state as they were when native/src/queue.rs was written. When the Python model gains
-# anything (a setting, a cost term, a field of a sequence or of the scheduler), MODELED is
-# False and every walk runs on the Python reference until the port is brought level (and
-# tests/unit/core/queue/test_native_walk.py says so).
+# What the port models: the Python queue model's settings, step cost, KV model, sequence and
+# scheduler state, new request and stretch as they were when native/src/queue.rs was last
+# brought level. When the Python model gains anything (a setting, a cost term, a field of a
+# sequence or of the scheduler), MODELED is False and every walk runs on the Python
+# reference until the port is brought level (tests/unit/core/queue/test_native_walk.py
+# then skips, saying so).
 PORTED = {
     "settings": frozenset(
         {"max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
          "chunked_prefill"}
     ),
     "cost": frozenset({"prefill_s", "step_overhead_s", "decode_s_per_seq", "quadratic"}),
-    "seq": frozenset({"computed", "end", "expected", "first", "key", "left", "order", "seen",
-                      "where"}),
+    "kv": frozenset({"gpu_blocks", "block_size"}),
+    "new_request": frozenset({"prompt_tokens", "cached_tokens", "output_tokens"}),
+    "stretch": frozenset({"start_s", "steps", "per_step_s", "chunks", "budget_left", "running",
+                          "waiting", "kv_used"}),
+    "seq": frozenset({"blocks", "computed", "end", "expected", "first", "key", "left", "order",
+                      "seen", "where"}),
     "scheduler": frozenset(
         {"budget", "max_seqs", "chunked", "cap", "retire", "prefilling", "dec_orders",
-         "dec_done", "dec_seqs", "waiting", "free_at_s", "steps", "next_order", "record"}
+         "dec_done", "dec_seqs", "waiting", "free_at_s", "steps", "next_order", "record",
+         "kv", "kv_cap", "kv_used"}
     ),
 }  # fmt: skip
 
@@ -69,6 +77,9 @@ def python_model() -> dict[str, frozenset[str]]:
     return {
         "settings": frozenset(SchedulerSettings.__struct_fields__),
         "cost": frozenset(f.name for f in fields(CurveStepCost)),
+        "kv": frozenset(f.name for f in fields(KvModel)),
+        "new_request": frozenset(f.name for f in fields(NewRequest)),
+        "stretch": frozenset(f.name for f in fields(Stretch)),
         "seq": frozenset(_Seq.__slots__),
         "scheduler": frozenset(vars(_Scheduler(SchedulerSettings(), retire=False))),
     }
@@ -96,31 +107,35 @@ def record_estimate(
     The hand-over is ``InFlightEstimate._replay_copy`` as plain tuples: a running sequence
     without a first token keeps its last chunk and all its output; decoders whose first
     token was not seen yet prefill again (the estimate ran ahead of the engine); decoders
-    that outlived their estimate have one token left."""
+    that outlived their estimate have one token left; every sequence keeps its KV blocks,
+    and the running ones' are reserved."""
     quadratic = coefficients(cost)
     if quadratic is None:
         return None
     min_chunk = source.min_chunk
-    prefilling = [(min(s.computed, s.end - min_chunk(s)), s.end, s.expected, s.order)
+    prefilling = [(min(s.computed, s.end - min_chunk(s)), s.end, s.expected, s.order, s.blocks)
                   for s in source.prefilling]  # fmt: skip
-    orders, done = source.dec_orders, source.dec_done
-    seen = [s.seen for s in source.dec_seqs]
+    orders, done, decs = source.dec_orders, source.dec_done, source.dec_seqs
+    seen = [s.seen for s in decs]
     if not all(seen):
-        prefilling += [(min(s.computed, s.end - min_chunk(s)), s.end, s.expected, s.order)
-                       for s in source.dec_seqs if not s.seen]  # fmt: skip
+        prefilling += [(min(s.computed, s.end - min_chunk(s)), s.end, s.expected, s.order,
+                        s.blocks) for s in decs if not s.seen]  # fmt: skip
         prefilling.sort(key=_ORDER)
         orders, done = list(compress(orders, seen)), list(compress(done, seen))
+        decs = list(compress(decs, seen))
     base = source.steps
     if done and min(done) < base + MIN_OUTPUT_TOKENS_LEFT:
         done = [max(d, base + MIN_OUTPUT_TOKENS_LEFT) for d in done]
-    waiting = [(s.computed, s.end, s.expected) for s in source.waiting]
+    blocks = [s.blocks for s in decs]
+    waiting = [(s.computed, s.end, s.expected, s.blocks) for s in source.waiting]
     tokens_ahead = sum(p[1] - p[0] for p in prefilling) + sum(w[1] - w[0] for w in waiting)
+    kv_used = sum(p[4] for p in prefilling) + sum(blocks)
     try:
         return NativeFuture.record(
-            settings, cost, quadratic, free_at_s=source.free_at_s, steps=base,
+            settings, cost, quadratic, source.kv, free_at_s=source.free_at_s, steps=base,
             next_order=source.next_order, prefilling=prefilling,
-            decoders=list(zip(orders, done, strict=True)), waiting=waiting, now_s=now_s,
-            tokens_ahead=tokens_ahead,
+            decoders=list(zip(orders, done, blocks, strict=True)), waiting=waiting,
+            now_s=now_s, tokens_ahead=tokens_ahead, kv_used=kv_used,
         )  # fmt: skip
     except OverflowError:  # step counts past 64 bits (a cost of ~0 s per step): Python's ints
         return None
@@ -138,14 +153,20 @@ def _settings(settings: SchedulerSettings) -> tuple[int, int, bool, int]:
     )
 
 
+def _kv(kv: KvModel | None) -> tuple[int, int] | None:
+    return None if kv is None else (kv.gpu_blocks, kv.block_size)
+
+
 class NativeFuture:
     """A :class:`~foretoken.core.queue.future.Future` recorded natively: the same
     ``first_token`` / ``drain_s`` (and, materialized on demand, the same stretches)."""
 
-    __slots__ = ("_future", "cost", "settings")
+    __slots__ = ("_future", "cost", "kv", "settings")
 
-    def __init__(self, future: Any, settings: SchedulerSettings, cost: StepCost) -> None:
-        self._future, self.settings, self.cost = future, settings, cost
+    def __init__(
+        self, future: Any, settings: SchedulerSettings, cost: StepCost, kv: KvModel | None
+    ) -> None:
+        self._future, self.settings, self.cost, self.kv = future, settings, cost, kv
 
     @classmethod
     def record(
@@ -153,6 +174,7 @@ class NativeFuture:
         settings: SchedulerSettings,
         cost: StepCost,
         coefficients: tuple[float, float, float, float],
+        kv: KvModel | None = None,
         *,
         free_at_s: float,
         steps: int,
@@ -162,15 +184,16 @@ class NativeFuture:
         waiting: Sequence[Waiting],
         now_s: float,
         tokens_ahead: int,
+        kv_used: int = 0,
     ) -> NativeFuture:
         """Replay the queue (a replay of the future: sequences leave after their last
         token) to its end from ``now_s`` or the end of its current step."""
         assert _native is not None
         future = _native.QueueFuture.record(
-            _settings(settings), coefficients, free_at_s, steps, next_order,
-            prefilling, decoders, waiting, now_s, tokens_ahead,
+            _settings(settings), coefficients, _kv(kv), free_at_s, steps, next_order,
+            prefilling, decoders, waiting, now_s, tokens_ahead, kv_used,
         )  # fmt: skip
-        return cls(future, settings, cost)
+        return cls(future, settings, cost, kv)
 
     @classmethod
     def from_stretches(
@@ -178,6 +201,7 @@ class NativeFuture:
         settings: SchedulerSettings,
         cost: StepCost,
         coefficients: tuple[float, float, float, float],
+        kv: KvModel | None = None,
         *,
         ready_s: float,
         start_s: float,
@@ -190,19 +214,20 @@ class NativeFuture:
         assert _native is not None
         rows = [
             (s.start_s, s.steps, s.per_step_s, list(s.chunks), s.budget_left, s.running,
-             s.waiting)
+             s.waiting, s.kv_used)
             for s in stretches
         ]  # fmt: skip
         future = _native.QueueFuture.from_stretches(
-            _settings(settings), coefficients, ready_s, start_s, rows, end_s, drained_s,
-            tokens_ahead,
+            _settings(settings), coefficients, _kv(kv), ready_s, start_s, rows, end_s,
+            drained_s, tokens_ahead,
         )  # fmt: skip
-        return cls(future, settings, cost)
+        return cls(future, settings, cost, kv)
 
     def first_token(self, new_request: NewRequest, now_s: float) -> QueuePrediction:
         wait, prefill, ttft, steps, ahead = self._future.first_token(
-            new_request.prompt_tokens, new_request.cached_tokens, now_s
-        )
+            new_request.prompt_tokens, new_request.cached_tokens, new_request.output_tokens,
+            now_s,
+        )  # fmt: skip
         return QueuePrediction(wait, prefill, ttft, steps, ahead)
 
     def drain_s(self, now_s: float) -> float:
@@ -237,6 +262,6 @@ class NativeFuture:
     @property
     def stretches(self) -> tuple[Stretch, ...]:
         return tuple(
-            Stretch(start, steps, per, tuple(map(tuple, chunks)), left, running, waiting)
-            for start, steps, per, chunks, left, running, waiting in self._future.stretches()
+            Stretch(start, steps, per, tuple(map(tuple, chunks)), left, running, waiting, kv)
+            for start, steps, per, chunks, left, running, waiting, kv in self._future.stretches()
         )

@@ -46,9 +46,11 @@ class Candidate:
     cached_tokens: int
 
 
-def step_cost(fits: FitRegistry, worker: WorkerId) -> CurveStepCost:
-    """The worker's learned cost of an engine step (prefill curve, overhead, decode)."""
-    return _step_cost(fits.curve(worker), fits.step_cost(worker))
+def step_cost(fits: FitRegistry, worker: WorkerId, native: bool = True) -> CurveStepCost:
+    """The worker's learned cost of an engine step (prefill curve, overhead, decode);
+    ``native=False``: a cost only the Python queue walk takes (its recorded future is a
+    :class:`~foretoken.core.queue.future.Future`, whose stretches can be inspected)."""
+    return _step_cost(fits.curve(worker), fits.step_cost(worker), native)
 
 
 def _step_cost(curve: PrefillCurve, step: StepCost, native: bool = True) -> CurveStepCost:

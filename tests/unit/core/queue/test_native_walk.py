@@ -25,17 +25,17 @@ from foretoken.core.queue.future import Future
 from foretoken.core.queue.inflight import InFlightEstimate
 from foretoken.core.queue.native_walk import NativeFuture
 from foretoken.core.queue.scheduler import (
-    MIN_OUTPUT_TOKENS_LEFT,
     CurveStepCost,
+    KvModel,
     NewRequest,
     QueuePrediction,
-    QueueState,
+    _Scheduler,
     _scheduler_from,
 )
 from foretoken.core.queue.worker_queue import WorkerQueue
 from foretoken.core.routing.predict import _quadratic, _step_cost
 from foretoken.core.types import RequestId, SchedulerSettings
-from tests.unit.core.queue.test_scheduler import NOW, PROPERTY, new_st, sched, settings_st, state_st
+from tests.unit.core.queue.test_scheduler import NOW, PROPERTY, sched, settings_st, state_st
 
 pytestmark = pytest.mark.skipif(
     not native_walk.MODELED, reason="the native walk is off (see the module docstring)"
@@ -56,6 +56,13 @@ quadratic_st = st.builds(
     _coefficient([0.0, 1e-3, 0.02, 0.0043], 0.1),
     _coefficient([0.0, 1e-4, 3e-3, 1.7e-4], 1e-2),
 )
+# The engine's KV model (or none): small capacities, so that admission waits for blocks.
+kv_st = st.none() | st.builds(KvModel, gpu_blocks=st.integers(1, 40), block_size=st.integers(1, 16))
+news_st = st.lists(
+    st.builds(NewRequest, st.integers(1, 200), st.integers(0, 200), st.integers(1, 64)),
+    min_size=1,
+    max_size=4,
+)
 later_st = st.lists(
     st.sampled_from([-1.0, 0.0, 0.1, 0.3, 2.0, 50.0]) | st.floats(-5.0, 100.0),
     min_size=1,
@@ -72,25 +79,22 @@ def costs(q: tuple[float, float, float, float]) -> tuple[CurveStepCost, CurveSte
     )
 
 
-def native_from_state(
-    settings: SchedulerSettings, state: QueueState, cost: CurveStepCost, now_s: float
-) -> NativeFuture:
-    """What ``_scheduler_from`` builds, as the native record takes it."""
-    prefilling, decoders = [], []
-    for order, s in enumerate(state.running):
-        left = max(s.output_tokens_left, MIN_OUTPUT_TOKENS_LEFT)
-        if s.computed_tokens < s.prompt_tokens:
-            prefilling.append((s.computed_tokens, s.prompt_tokens, left, order))
-        else:
-            decoders.append((order, left))
-    waiting = [(s.computed_tokens, s.prompt_tokens, max(s.output_tokens_left, 1))
-               for s in state.waiting]  # fmt: skip
+def native_from_scheduler(
+    scheduler: _Scheduler, settings: SchedulerSettings, cost: CurveStepCost, now_s: float,
+    tokens_ahead: int,
+) -> NativeFuture:  # fmt: skip
+    """A replay scheduler (``_scheduler_from``'s) handed over to the native record as it is."""
+    prefilling = [(s.computed, s.end, s.left, s.order, s.blocks) for s in scheduler.prefilling]
+    running = zip(scheduler.dec_orders, scheduler.dec_done, scheduler.dec_seqs, strict=True)
+    decoders = [(order, done, seq.blocks) for order, done, seq in running]
+    waiting = [(s.computed, s.end, s.left, s.blocks) for s in scheduler.waiting]
     coefficients = native_walk.coefficients(cost)
     assert coefficients is not None
     return NativeFuture.record(
-        settings, cost, coefficients, free_at_s=state.free_at_s, steps=0,
-        next_order=len(state.running), prefilling=prefilling, decoders=decoders,
-        waiting=waiting, now_s=now_s, tokens_ahead=state.prefill_tokens_left,
+        settings, cost, coefficients, scheduler.kv, free_at_s=scheduler.free_at_s,
+        steps=scheduler.steps, next_order=scheduler.next_order, prefilling=prefilling,
+        decoders=decoders, waiting=waiting, now_s=now_s, tokens_ahead=tokens_ahead,
+        kv_used=scheduler.kv_used,
     )  # fmt: skip
 
 
@@ -106,28 +110,29 @@ def assert_same(python: Future, native: NativeFuture, news: list[NewRequest], la
 
 
 @PROPERTY
-@given(settings_st, state_st(), st.lists(new_st, min_size=1, max_size=4), quadratic_st, later_st)
-def test_the_native_replay_and_walk_equal_the_python_ones(settings_, state, news, q, later) -> None:
+@given(settings_st, state_st(), news_st, quadratic_st, later_st, kv_st)
+def test_the_native_replay_and_walk_equal_the_python_ones(settings_, state, news, q, later, kv):
     reference, marked = costs(q)
-    python = Future.record(
-        _scheduler_from(settings_, state), settings_, NOW, reference, state.prefill_tokens_left
-    )
-    assert_same(python, native_from_state(settings_, state, marked, NOW), news, later)
+    ahead = state.prefill_tokens_left
+    python = Future.record(_scheduler_from(settings_, state, kv), settings_, NOW, reference, ahead)
+    native = native_from_scheduler(_scheduler_from(settings_, state, kv), settings_, marked, NOW,
+                                   ahead)  # fmt: skip
+    assert native.kv == python.kv
+    assert_same(python, native, news, later)
 
 
 @PROPERTY
-@given(settings_st, state_st(), st.lists(new_st, min_size=1, max_size=4), quadratic_st, later_st)
+@given(settings_st, state_st(), news_st, quadratic_st, later_st, kv_st)
 def test_the_native_walk_of_python_stretches_equals_the_python_walk(
-    settings_, state, news, q, later
+    settings_, state, news, q, later, kv
 ) -> None:
     reference, marked = costs(q)
-    python = Future.record(
-        _scheduler_from(settings_, state), settings_, NOW, reference, state.prefill_tokens_left
-    )
+    ahead = state.prefill_tokens_left
+    python = Future.record(_scheduler_from(settings_, state, kv), settings_, NOW, reference, ahead)
     coefficients = native_walk.coefficients(marked)
     assert coefficients is not None
     native = NativeFuture.from_stretches(
-        settings_, marked, coefficients, ready_s=python.ready_s, start_s=python.start_s,
+        settings_, marked, coefficients, kv, ready_s=python.ready_s, start_s=python.start_s,
         stretches=python.stretches, end_s=python.end_s, drained_s=python.drained_s,
         tokens_ahead=python.tokens_ahead,
     )  # fmt: skip
@@ -135,13 +140,16 @@ def test_the_native_walk_of_python_stretches_equals_the_python_walk(
 
 
 @PROPERTY
-@given(settings_st, quadratic_st, st.integers(0, 2**32), st.lists(new_st, min_size=1, max_size=3))
-def test_an_in_flight_estimate_records_the_same_future_either_way(settings_, q, seed, news) -> None:
+@given(settings_st, quadratic_st, st.integers(0, 2**32), news_st, kv_st)
+def test_an_in_flight_estimate_records_the_same_future_either_way(
+    settings_, q, seed, news, kv
+) -> None:
     """The estimate's own hand-over (arrivals, first tokens before and after the estimate
-    got there, removals, time passing) gives the native replay what the Python one gets."""
+    got there, removals, time passing, KV blocks) gives the native replay what the Python
+    one gets."""
     reference, marked = costs(q)
     rng = random.Random(seed)
-    estimate = InFlightEstimate(settings_)
+    estimate = InFlightEstimate(settings_, kv)
     now = NOW
     keys: list[int] = []
     for step in range(rng.randint(1, 12)):
@@ -201,8 +209,8 @@ def test_a_fitted_curve_is_marked_quadratic_and_another_curve_is_not() -> None:
 
 
 @PROPERTY
-@given(settings_st, quadratic_st, st.integers(0, 2**32))
-def test_a_worker_queue_predicts_the_same_either_way(settings_, q, seed) -> None:
+@given(settings_st, quadratic_st, st.integers(0, 2**32), kv_st)
+def test_a_worker_queue_predicts_the_same_either_way(settings_, q, seed, kv) -> None:
     """The route path's seam: a worker queue fed sends, first tokens, completions and
     expiries predicts and drains the same with the fitted curve's cost walked natively
     and in Python."""
@@ -210,7 +218,7 @@ def test_a_worker_queue_predicts_the_same_either_way(settings_, q, seed) -> None
     cost = _step_cost(curve, StepCost(q[2], q[3], samples=10, version=1, default=False))
     assert cost.quadratic is not None
     rng = random.Random(seed)
-    native, python = WorkerQueue(settings_), WorkerQueue(settings_)
+    native, python = WorkerQueue(settings_, kv=kv), WorkerQueue(settings_, kv=kv)
     now, sent = NOW, list[RequestId]()
     for step in range(rng.randint(1, 25)):
         now += rng.choice([0.0, 0.001, 0.01, 0.2, 1.0])
@@ -232,7 +240,7 @@ def test_a_worker_queue_predicts_the_same_either_way(settings_, q, seed) -> None
         else:
             for queue in (native, python):
                 queue.expire(now, 0.5)
-        new = NewRequest(rng.randint(1, 500), rng.randint(0, 300))
+        new = NewRequest(rng.randint(1, 500), rng.randint(0, 300), rng.randint(1, 64))
         want = _python_walk(python, new, now, cost)
         assert (native.predict(new, now, cost), native.drain_s(now, cost)) == want
 
