@@ -10,6 +10,9 @@ is never idle gets no cold sample for a long time) predicts with the median of t
 values of its closest peers — the workers registered with the same configuration hash, else
 the same engine and version, else the same model — instead of the conservative default; its
 own fit takes over as soon as it has one. Such a value is still flagged ``default``.
+A group's median is computed once per change of the registry (``_generation``, bumped by every
+observation, registration and restore) and shared by every worker of the group: a route
+call reads one cached value per worker instead of re-reading every peer's fit.
 """
 
 from __future__ import annotations
@@ -102,11 +105,16 @@ class FitRegistry:
         # (model, engine, engine version) of each registered worker, for pooled priors
         self._kind: dict[WorkerId, tuple[str, str, str]] = {}
         self._clock = 0
+        # pooled medians per (kind of value, peer group), valid while _generation is unchanged
+        self._generation = 0
+        self._pool_cache: dict[tuple[object, ...], tuple[float, float] | None] = {}
+        self._pool_generation = -1
         self._default_curve = OnlinePrefillFit(config).curve
         self._default_step = StepCostFit(config).cost
 
     def apply_registration(self, registration: WorkerProfile) -> None:
         """A registration sets the worker's current configuration; ``removed`` forgets it."""
+        self._generation += 1
         worker = registration.worker_id
         if registration.removed:
             for key in [key for key in self._fits if key[0] == worker]:
@@ -162,6 +170,7 @@ class FitRegistry:
         return self._for_sample(worker_id, config_hash).step.observe(tpot_s, mean_running, ts)
 
     def _for_sample(self, worker: WorkerId, config_hash: str) -> WorkerFits:
+        self._generation += 1  # every observation may change a fit
         new = (worker, config_hash) not in self._fits
         if worker not in self._registered and (new or worker not in self._current):
             self._current[worker] = config_hash
@@ -197,14 +206,14 @@ class FitRegistry:
         curve = self.own_curve(worker_id)
         if not curve.default or not self.config.pooled_priors:
             return curve
-        pooled = self._pooled(worker_id, self.own_curve, ("a", "b"))
+        pooled = self._pooled(worker_id, "curve", self.own_curve, ("a", "b"))
         return curve if pooled is None else replace(curve, a=pooled[0], b=pooled[1])
 
     def step_cost(self, worker_id: WorkerId) -> StepCost:
         step = self.own_step_cost(worker_id)
         if not step.default or not self.config.pooled_priors:
             return step
-        pooled = self._pooled(worker_id, self.own_step_cost, ("overhead_s", "per_seq_s"))
+        pooled = self._pooled(worker_id, "step", self.own_step_cost, ("overhead_s", "per_seq_s"))
         return step if pooled is None else replace(step, overhead_s=pooled[0], per_seq_s=pooled[1])
 
     def own_curve(self, worker_id: WorkerId) -> PrefillCurve:
@@ -236,14 +245,31 @@ class FitRegistry:
         ]
 
     def _pooled(
-        self, worker_id: WorkerId, own: Callable[[WorkerId], V], names: tuple[str, str]
-    ) -> tuple[float, float] | None:
+        self, worker_id: WorkerId, what: str, own: Callable[[WorkerId], V],
+        names: tuple[str, str],
+    ) -> tuple[float, float] | None:  # fmt: skip
+        """The median of the closest peer group with fitted values. Only called for a worker
+        without a fit of its own, so whether the group includes the worker itself does not
+        change the median: the value is one per group (model, configuration / engine), cached
+        until the registry changes."""
+        kind = self._kind.get(worker_id)
+        if kind is None:
+            return None
+        if self._pool_generation != self._generation:
+            self._pool_cache.clear()
+            self._pool_generation = self._generation
+        key = (what, kind, self._current.get(worker_id))
+        if key in self._pool_cache:
+            return self._pool_cache[key]
+        value: tuple[float, float] | None = None
         for group in self.peers(worker_id):
             fitted = [v for v in map(own, group) if not v.default]
             if fitted:
                 first, second = (median(getattr(v, n) for v in fitted) for n in names)
-                return first, second
-        return None
+                value = first, second
+                break
+        self._pool_cache[key] = value
+        return value
 
     def describe(self) -> list[dict[str, object]]:
         """One row per (worker, configuration), newest configuration first, for a web page."""
@@ -278,6 +304,7 @@ class FitRegistry:
         snap = msgspec.msgpack.decode(data, type=RegistrySnapshot)
         if snap.version != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported fit snapshot version {snap.version}")
+        self._generation += 1
         self._fits = {}
         for e in snap.entries:
             fits = WorkerFits(OnlinePrefillFit(self.config), StepCostFit(self.config), e.introduced)

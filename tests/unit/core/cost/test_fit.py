@@ -489,6 +489,26 @@ def test_a_worker_without_a_fit_takes_the_median_of_its_fitted_peers() -> None:
     assert registry.curve(w3) == registry.own_curve(w3) and not registry.curve(w3).default
 
 
+def test_pooled_values_follow_every_change_of_the_peers_fits() -> None:
+    """The pooled median is cached per peer group; each observation or registration
+    invalidates it, so it always equals the median of the peers' current fits."""
+    registry = FitRegistry()
+    w3, w4 = WorkerId("w3"), WorkerId("w4")
+    for worker in (W1, W2, w3, w4):
+        registry.apply_registration(registration(worker, "h1"))
+    feed(registry, W1, "h1", 40, seed=1)
+    first = registry.curve(w3)
+    assert first.a == pytest.approx(registry.own_curve(W1).a)
+    assert registry.curve(w4) == first  # the same group, one value
+    feed(registry, W2, "h1", 40, seed=5)
+    after = registry.curve(w3)
+    expected = np.median([registry.own_curve(w).a for w in (W1, W2)])
+    assert after.a == pytest.approx(expected) and after.a != first.a
+    registry.apply_registration(registration(W2, "h2"))  # W2 moves to another configuration
+    moved = registry.curve(w3)
+    assert moved.a == pytest.approx(registry.own_curve(W1).a)
+
+
 def test_busy_chain_fit_recovers_a_with_b_fixed_despite_two_sided_noise() -> None:
     from foretoken.core.cost.fit import BusyChainFit, FitConfig
 
