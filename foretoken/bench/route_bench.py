@@ -386,7 +386,6 @@ def in_process(backend: str, requests: int, rate: float = 500.0) -> dict[str, An
         core.index.apply(batch, t0)
     bodies = body_templates(docs, rng, 64)
     limits = limits_of(settings.route)  # decoded as the route service does, in the timing
-    limits = limits_of(settings.route)  # decoded as the route service does, in the timing
     pending: list[tuple[float, int, Outcome]] = []
     cpu: list[float] = []
     admitted = 0
