@@ -221,6 +221,7 @@ def cell_rows(prep: Prepared, load: float, graded: dict[str, Any]) -> list[dict[
                                "policy": policy}  # fmt: skip
         row |= {name: g[name] for name in CELL_FIELDS}
         row |= {f"under_{b}s": sides[b]["underpredicted"] for b in UNDER_BOUNDS}
+        row["p90_coverage"] = g.get("p90_coverage")  # the predictor's calibration
         row |= {"disagreement": graded["cache_disagreement_rate"], "samples": g["served"],
                 "refused": prep.refused, "rejected": graded["rejected"]}  # fmt: skip
         rows.append(row)

@@ -6,8 +6,8 @@ JSON (stable; ``schema`` names the version)::
     {"schema": "foretoken.bench.predict/1",
      "cells": [{"trace", "fleet", "load", "policy", "within_1s", "within_10s",
                 "abs_error_p50_s", "abs_error_p95_s", "abs_error_p99_s",
-                "under_5s", "under_10s", "under_30s", "disagreement", "samples",
-                "refused", "rejected"}, ...],
+                "under_5s", "under_10s", "under_30s", "p90_coverage", "disagreement",
+                "samples", "refused", "rejected"}, ...],
      "summary": {flat numbers: cells, cells_predictor_ge_best_baseline_1s, ...},
      "runs": {per (trace, fleet) preparation and per cell: speedup, wall time, ...}}
 
@@ -172,6 +172,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         values = [c[policy]["within_1s"] for c in cells.values()
                   if c.get(policy, {}).get("within_1s") is not None]  # fmt: skip
         out[f"mean_within_1s_{policy}"] = round(sum(values) / len(values), 4) if values else None
+    coverage = [c["predictor"]["p90_coverage"] for c in cells.values()
+                if c.get("predictor", {}).get("p90_coverage") is not None]  # fmt: skip
+    out["p90_coverage_min"] = round(min(coverage), 4) if coverage else None
+    out["p90_coverage_max"] = round(max(coverage), 4) if coverage else None
+    out["cells_p90_calibrated"] = sum(0.88 <= v <= 0.92 for v in coverage)
     first = {(r["trace"], r["fleet"]): r["refused"] for r in rows}
     out["refused_requests"] = sum(first.values())
     return out

@@ -163,6 +163,10 @@ def accuracy(records: Sequence[Graded], shadow: ShadowBaselines) -> dict[str, An
             np.array([r.predicted_ttft_s for r in served], dtype=float), actual, disagree
         ),
     }
+    p90 = np.array([np.nan if r.predicted_ttft_p90_s is None else r.predicted_ttft_p90_s
+                    for r in served], dtype=float)  # fmt: skip
+    carried = ~np.isnan(p90)
+    out["predictor"]["p90_coverage"] = _fraction(actual[carried] <= p90[carried])
     out["cold_sample_supply"] = cold_sample_supply(records)
     names = BASELINES + ((PROFILED,) if shadow.replica is not None else ())
     table = np.array([shadow.predictions[r.request_id] for r in served]).reshape(-1, len(names))

@@ -298,6 +298,8 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True):
     reject_reason: str | None = None
     retry_after_s: float | None = None
     predicted_ttft_s: float | None = None
+    # The calibrated 0.9-quantile of this TTFT (foretoken.core.cost.quantiles).
+    predicted_ttft_p90_s: float | None = None
     queue_wait_s: float | None = None
     prefill_s: float | None = None
     cached_tokens: int = 0
@@ -321,6 +323,7 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True):
         if self.admitted and self.worker_id is None:
             raise ValueError("an admitted grant names its worker")
         check_finite("predicted_ttft_s", self.predicted_ttft_s)
+        check_finite("predicted_ttft_p90_s", self.predicted_ttft_p90_s)
         check_finite("retry_after_s", self.retry_after_s)
         check_finite("max_queue_wait_s", self.max_queue_wait_s)
 
@@ -367,6 +370,7 @@ class GradedRequest(msgspec.Struct, kw_only=True, frozen=True):
     fallback: bool = False
     prompt_tokens: int
     predicted_ttft_s: float | None = None
+    predicted_ttft_p90_s: float | None = None
     queue_wait_s: float | None = None
     prefill_s: float | None = None
     actual_ttft_s: float | None = None

@@ -180,6 +180,7 @@ class Decision:
     reason: str
     retry_after_s: float | None = None
     predicted_ttft_s: float | None = None
+    predicted_ttft_p90_s: float | None = None
     queue_wait_s: float | None = None
     prefill_s: float | None = None
     cached_tokens: int | None = None
@@ -192,7 +193,9 @@ class Decision:
     def __post_init__(self) -> None:
         if not self.reason:
             raise ValueError("a decision states its reason")
-        for name in ("retry_after_s", "predicted_ttft_s", "queue_wait_s", "prefill_s"):
+        names = ("retry_after_s", "predicted_ttft_s", "predicted_ttft_p90_s", "queue_wait_s",
+                 "prefill_s")  # fmt: skip
+        for name in names:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")

@@ -275,6 +275,7 @@ def decision_from_grant(grant: RouteDecision) -> Decision:
         reason=reason,
         retry_after_s=_finite_or_none(grant.retry_after_s),
         predicted_ttft_s=_finite_or_none(grant.predicted_ttft_s),
+        predicted_ttft_p90_s=_finite_or_none(grant.predicted_ttft_p90_s),
         queue_wait_s=_finite_or_none(grant.queue_wait_s),
         prefill_s=_finite_or_none(grant.prefill_s),
         cached_tokens=grant.cached_tokens,

@@ -155,6 +155,7 @@ def _graded(flight: _Flight, status: Status, model: ModelName, **outcome: Any) -
         explore=decision.explore,
         prompt_tokens=request.prompt_tokens,
         predicted_ttft_s=decision.predicted_ttft_s,
+        predicted_ttft_p90_s=decision.predicted_ttft_p90_s,
         queue_wait_s=decision.queue_wait_s,
         prefill_s=decision.prefill_s,
         credited_cached_tokens=decision.cached_tokens or 0,

@@ -63,6 +63,7 @@ def test_missing_maven_or_java_says_what_to_install(tmp_path: Path) -> None:
     )
     env = {**os.environ, "PATH": str(tmp_path / "empty-bin")}
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    env.pop("FORETOKEN_CACHE_DIR", None)  # the config's cache_dir (empty: maven is needed)
     out = _cli(["kafka", "up", "-c", str(cfg)], env)
     assert out.returncode == 1
     assert "install maven" in out.stderr and "docker compose" in out.stderr

@@ -108,6 +108,7 @@ def report(lake_dir: str | Path, **false_alarm_options: Any) -> dict[str, Any]:
                 **metric(con, "within_1s"),
                 **metric(con, "within_10s"),
                 **metric(con, "abs_error_quantiles"),
+                **metric(con, "p90_coverage"),
             },
             "underpredictions": metric(con, "underpredictions"),
             "bounds": _per_bound(rows(con, "SELECT * FROM bounds"), estimates),
@@ -191,6 +192,7 @@ def _headline(summary: Mapping[str, Any]) -> Table:
         ("underpredictions", f"{_num(under['underpredictions'])} of "
             f"{_num(under['promised'])} promised ({_pct(under['underprediction_rate'])})"),
         ("same side of the bound", _pct(under["same_side_fraction"])),
+        ("actual ≤ predicted p90", f"{_pct(acc['p90_coverage'])} of {_num(acc['graded_p90'])}"),
     ]  # fmt: skip
     for label, value in lines:
         table.add_row(label, value)

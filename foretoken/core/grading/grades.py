@@ -69,6 +69,7 @@ def grade(
         fallback=grant.fallback,
         prompt_tokens=grant.prompt_tokens,
         predicted_ttft_s=predicted,
+        predicted_ttft_p90_s=grant.predicted_ttft_p90_s,
         queue_wait_s=grant.queue_wait_s,
         prefill_s=grant.prefill_s,
         actual_ttft_s=actual,

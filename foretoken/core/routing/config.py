@@ -53,6 +53,14 @@ class PredictorConfig:
     # Where a candidate's queue is walked: "native" (foretoken_native, bit-identical to the
     # Python walk, used for the fitted curves while it models the queue) or "python".
     queue_walk: Literal["native", "python"] = "native"
+    # Calibrated upper quantiles (foretoken.core.cost.quantiles): every grant carries the
+    # predicted p90 of its TTFT. With admission_quantile = q, a bound B admits iff the
+    # predicted q-quantile meets it — P(TTFT <= B) >= q — instead of the point prediction.
+    admission_quantile: float | None = None
+    quantile_window: int = 400
+    quantile_min_samples: int = 30
+    quantile_floor_s: float = 0.1
+    quantile_default_factor: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.explore_fraction <= 1.0:
@@ -71,6 +79,12 @@ class PredictorConfig:
             raise ValueError("default_output_tokens and learner_max_cached_share must be >= 1")
         if min(self.decision_memory, self.conversation_memory) < 1:
             raise ValueError("decision_memory and conversation_memory must be >= 1")
+        if self.admission_quantile is not None and not 0 < self.admission_quantile < 1:
+            raise ValueError(f"admission_quantile must be in (0, 1), got {self.admission_quantile}")
+        if min(self.quantile_window, self.quantile_min_samples) < 1:
+            raise ValueError("quantile_window and quantile_min_samples must be >= 1")
+        if self.quantile_floor_s <= 0 or self.quantile_default_factor < 1:
+            raise ValueError("need quantile_floor_s > 0 and quantile_default_factor >= 1")
         bad = {t: v for t, v in self.tier_load_s_per_token.items() if v < 0}
         if bad or not set(self.tier_load_s_per_token) <= {"CPU", "DISK", "SHARED"}:
             raise ValueError("tier_load_s_per_token: CPU/DISK/SHARED to seconds >= 0")

@@ -32,6 +32,7 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from foretoken.core.cost.quantiles import TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.controls import LatencyControls
@@ -64,12 +65,16 @@ class ReplicaShare:
         return {w for i, w in enumerate(ids) if i % self.count == self.index}
 
 
+P90: float = 0.9  # the quantile every grant carries
+
+
 class Decider:
     def __init__(
         self, config: PredictorConfig, controls: LatencyControls | None, book: WorkerBook,
-        fits: FitRegistry,
+        fits: FitRegistry, quantiles: TtftQuantiles | None = None,
     ) -> None:  # fmt: skip
         self.config, self.controls, self.book, self.fits = config, controls, book, fits
+        self.quantiles = quantiles or TtftQuantiles()
         self.rng = random.Random(config.seed)
         self.conversations: OrderedDict[str, WorkerId] = OrderedDict()
         # Set by the processor from the members it sees (None: one replica, no share).
@@ -204,10 +209,20 @@ class Decider:
 
     # ------------------------------------------------------------------ admission
 
+    def upper(self, c: Candidate, q: float) -> float:
+        """The calibrated q-quantile of the candidate's TTFT."""
+        p = c.prediction
+        default = self.fits.curve(p.worker_id).default
+        return self.quantiles.upper(p.worker_id, p.predicted_ttft_s, q, p.queue_wait_s, default)
+
     def meets(self, query: RouteQuery, c: Candidate) -> bool:
+        """Whether the candidate meets the request's bound: its predicted TTFT, or with
+        ``admission_quantile`` = q its predicted q-quantile (P(TTFT <= B) >= q)."""
         if query.max_queue_wait_s is None:
             return True
-        return query.already_waited_s + c.prediction.predicted_ttft_s <= query.max_queue_wait_s
+        q = self.config.admission_quantile
+        ttft = c.prediction.predicted_ttft_s if q is None else self.upper(c, q)
+        return query.already_waited_s + ttft <= query.max_queue_wait_s
 
     def admit(self, query: RouteQuery, best: Candidate) -> tuple[bool, RejectReason]:
         if query.max_queue_wait_s is not None:
@@ -220,7 +235,9 @@ class Decider:
     def retry_after(self, query: RouteQuery, best: Candidate) -> float:
         p = best.prediction
         if query.max_queue_wait_s is not None:
-            excess = query.already_waited_s + p.predicted_ttft_s - query.max_queue_wait_s
+            q = self.config.admission_quantile
+            ttft = p.predicted_ttft_s if q is None else self.upper(best, q)
+            excess = query.already_waited_s + ttft - query.max_queue_wait_s
         else:
             excess = p.queue_wait_s - self.config.overload_wait_s
         wait = min(excess, p.queue_wait_s) if p.queue_wait_s > 0 else excess
@@ -235,7 +252,7 @@ def decision(
     query: RouteQuery, ts: float, best: Candidate | None, *, admitted: bool,
     reason: str | None, retry_after_s: float | None, fits: FitRegistry | None = None,
     explore: bool = False, candidates: tuple[CandidatePrediction, ...] = (),
-    fallback: bool = False, worker_id: WorkerId | None = None,
+    fallback: bool = False, worker_id: WorkerId | None = None, p90_s: float | None = None,
 ) -> RouteDecision:  # fmt: skip
     """The one builder of a decision (the route service's, and the router's fallback, which
     names ``worker_id`` without a prediction)."""
@@ -249,6 +266,7 @@ def decision(
         reject_reason=None if admitted else reason,
         retry_after_s=None if retry_after_s is None else round(retry_after_s, 3),
         predicted_ttft_s=p.predicted_ttft_s if p else None,
+        predicted_ttft_p90_s=None if p is None or p90_s is None else round(p90_s, 4),
         queue_wait_s=p.queue_wait_s if p else None, prefill_s=p.prefill_s if p else None,
         cached_tokens=p.cached_tokens if p else 0, cached_tier=p.cached_tier if p else None,
         approximate_cache=p.approximate_cache if p else False,

@@ -10,6 +10,8 @@ simulator's truth (PRODUCT.md §1 "How fast the worker prefills"):
   number of sequences running, for the step-cost fit — less the prefill of the prompts
   whose first token came during the request's decode window, against the time-mean number
   of decoding requests over it (:mod:`foretoken.core.cost.decode_windows`);
+* **residuals** (:meth:`Learner.on_graded`): every served request's predicted and measured
+  TTFT calibrate the upper quantiles grants carry (:mod:`foretoken.core.cost.quantiles`);
 * **approximate cache credit**: a prompt routed to a worker without KV events is filed as
   cached there once its prefill is done (:mod:`foretoken.core.index.approx`).
 """
@@ -24,6 +26,7 @@ import numpy as np
 
 from foretoken.core.cost.busy_chains import BusyChains
 from foretoken.core.cost.decode_windows import DecodeWindows, Window
+from foretoken.core.cost.quantiles import TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
 from foretoken.core.index.protocol import Index
@@ -42,9 +45,11 @@ from foretoken.core.types import (
 
 class Learner:
     def __init__(
-        self, index: Index, fits: FitRegistry, book: WorkerBook, config: PredictorConfig
-    ) -> None:
+        self, index: Index, fits: FitRegistry, book: WorkerBook, config: PredictorConfig,
+        quantiles: TtftQuantiles | None = None,
+    ) -> None:  # fmt: skip
         self.index, self.fits, self.book, self.config = index, fits, book, config
+        self.quantiles = quantiles or TtftQuantiles()
         # busy-period samples: when each worker last finished a prefill (a first token) or,
         # on an engine that runs one sequence at a time, a whole request
         self.busy_mark_s: dict[WorkerId, float] = {}
@@ -110,11 +115,16 @@ class Learner:
             self.fits.observe_decode(wid, config_hash, sample[0], sample[1], now_s)
 
     def on_graded(self, graded: GradedRequest, now_s: float) -> bool:
-        """Feed the fit with a cold sample; True if this record was one."""
+        """Feed the fit with a cold sample; True if this record was one. Every served
+        request with a prediction is a residual for the quantiles."""
         wid = graded.worker_id
         alone = self.book.alone.pop(graded.request_id, False)
         if wid is None or wid not in self.book.profiles:
             return False
+        predicted, actual = graded.predicted_ttft_s, graded.actual_ttft_s
+        if graded.status == "served" and predicted is not None and actual is not None:
+            self.quantiles.observe(graded.request_id, wid, predicted, actual,
+                                   graded.queue_wait_s, graded.fit_default)  # fmt: skip
         profile = self.book.profiles[wid]
         # The router turns an omitted cached-token field into 0 for engines that report it,
         # so "unknown" here really is unknown: such requests are not samples.

@@ -26,11 +26,12 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
+from foretoken.core.cost.quantiles import QuantileConfig, TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.index.protocol import Index
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.controls import REJECT_REASON, LatencyControls
-from foretoken.core.routing.decide import Decider, decision
+from foretoken.core.routing.decide import P90, Decider, decision
 from foretoken.core.routing.fleet import WorkerBook
 from foretoken.core.routing.learn import Learner
 from foretoken.core.routing.predict import Candidate, Predictions
@@ -61,8 +62,14 @@ class RouteService:
         self.config = config or PredictorConfig()
         self.book = WorkerBook(model_kv_capacity=self.config.model_kv_capacity)
         self.predictions = Predictions(index, self.fits, self.book, self.config)
-        self.decider = Decider(self.config, controls, self.book, self.fits)
-        self.learner = Learner(index, self.fits, self.book, self.config)
+        cfg = self.config
+        self.quantiles = TtftQuantiles(QuantileConfig(
+            window=cfg.quantile_window, pool_window=5 * cfg.quantile_window,
+            min_samples=cfg.quantile_min_samples,
+            floor_s=cfg.quantile_floor_s, default_factor=cfg.quantile_default_factor,
+        ))  # fmt: skip
+        self.decider = Decider(self.config, controls, self.book, self.fits, self.quantiles)
+        self.learner = Learner(index, self.fits, self.book, self.config, self.quantiles)
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
         self.overruled = 0  # our decisions another one replaced (see _withdraw_overruled)
         # Admitted decisions whose grant has not come back on `grants` yet: (worker, when).
@@ -72,6 +79,8 @@ class RouteService:
     # ------------------------------------------------------------------ observations
 
     def on_registration(self, profile: WorkerProfile) -> None:
+        if profile.removed:
+            self.quantiles.forget(profile.worker_id)
         self.fits.apply_registration(profile)
         self.book.apply(profile)
 
@@ -112,7 +121,20 @@ class RouteService:
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         if self.controls is not None:
             self.controls.observe_outcome(outcome, now_s)
+        if outcome.kind == "first_token" and outcome.actual_ttft_s is not None:
+            self._residual(outcome, outcome.actual_ttft_s)
         self.learner.on_outcome(outcome, now_s)
+
+    def _residual(self, outcome: RequestOutcome, actual_s: float) -> None:
+        """A first token of a request decided here: its residual for the quantiles now."""
+        known = self.decisions.get(outcome.request_id)
+        if known is None or known.worker_id != outcome.worker_id or outcome.status != "ok":
+            return
+        if known.predicted_ttft_s is None or known.fallback:
+            return
+        default = known.fit.default if known.fit is not None else None
+        self.quantiles.observe(outcome.request_id, outcome.worker_id, known.predicted_ttft_s,
+                               actual_s, known.queue_wait_s, default)  # fmt: skip
 
     def on_graded(self, graded: GradedRequest, now_s: float) -> bool:
         """Feed the fits with a cold sample; True if this record was one."""
@@ -194,6 +216,7 @@ class RouteService:
         result = decision(
             query, ts, best, admitted=admitted, reason=reason, retry_after_s=retry_after,
             fits=self.fits, explore=explore, candidates=tuple(c.prediction for c in candidates),
+            p90_s=decider.upper(best, P90),
         )  # fmt: skip
         if best.prediction.worker_id != first and admitted:
             result = msgspec.structs.replace(result, rerouted_from=first)

@@ -11,7 +11,7 @@ from foretoken.bench.accuracy_matrix import Sizes, run_grid, table
 
 ROW_KEYS = {"trace", "fleet", "load", "policy", "within_1s", "within_10s", "abs_error_p50_s",
             "abs_error_p95_s", "abs_error_p99_s", "under_5s", "under_10s", "under_30s",
-            "disagreement", "samples", "refused", "rejected"}  # fmt: skip
+            "p90_coverage", "disagreement", "samples", "refused", "rejected"}  # fmt: skip
 
 
 def test_a_tiny_cell_grades_every_policy_in_the_stable_schema() -> None:
@@ -28,6 +28,9 @@ def test_a_tiny_cell_grades_every_policy_in_the_stable_schema() -> None:
         assert 0.0 <= row["within_1s"] <= row["within_10s"] <= 1.0
         assert 0.0 <= row["abs_error_p50_s"] <= row["abs_error_p95_s"] <= row["abs_error_p99_s"]
         assert row["under_5s"] >= row["under_10s"] >= 0
+    coverage = rows[0]["p90_coverage"]  # only the predictor's grants carry a p90
+    assert coverage is not None and 0.0 <= coverage <= 1.0
+    assert all(r["p90_coverage"] is None for r in rows[1:])
     # the baselines and the predictor predicted differently (they are not one number)
     assert len({r["abs_error_p50_s"] for r in rows}) > 1
     summary = result["summary"]

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -107,3 +108,21 @@ def test_sql_shell_repl_until_quit(lake: Path, console: Console) -> None:
         raise EOFError
 
     assert sql_shell(lake, console=console, read_line=eof) == 0
+
+
+def test_p90_coverage_counts_served_requests_whose_grant_carried_one(tmp_path: Path) -> None:
+    from foretoken.adapters.lake.writer import LakeWriter
+    from tests.unit.adapters.lake.test_views import served
+
+    rows = [served(f"p{i}", "w1", 2.0, actual, 5.0, 0, 0) for i, actual in
+            enumerate((1.0, 2.5, 3.9, 4.1, 9.0))]  # fmt: skip
+    rows = [msgspec.structs.replace(r, predicted_ttft_p90_s=4.0) for r in rows]
+    rows.append(served("none", "w1", 2.0, 50.0, 5.0, 0, 0))  # no p90: not counted
+    LakeWriter(tmp_path).append(rows)
+    acc = report(tmp_path, draws=10)["accuracy"]
+    assert acc["graded_p90"] == 5 and acc["p90_coverage"] == pytest.approx(3 / 5)
+
+
+def test_an_older_lake_without_p90_reports_no_coverage(lake: Path) -> None:
+    acc = report(lake, draws=10)["accuracy"]
+    assert acc["graded_p90"] == 0 and acc["p90_coverage"] is None

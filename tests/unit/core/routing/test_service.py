@@ -316,3 +316,42 @@ def test_on_a_one_sequence_engine_the_busy_gap_starts_at_the_previous_completion
     curve = p.fits.curve("w0")
     assert not curve.default
     assert curve.cost_s(3000) == pytest.approx(a * 3000, rel=0.05)  # no decode in it
+
+
+def _served(p: RouteService, rid: str, ttft: float, t: float) -> None:
+    g = p.decisions[rid]  # type: ignore[index]
+    assert g.worker_id is not None
+    p.on_outcome(Outcome(request_id=rid, ts=t, kind="first_token", worker_id=g.worker_id,
+                         actual_ttft_s=ttft), t)  # fmt: skip
+
+
+def test_grants_carry_a_p90_learned_from_first_tokens() -> None:
+    p = _predictor(1, quantile_min_samples=10)
+    first = p.route(_req("q0", 2048).query(), 0.0, 0.0)
+    assert first.predicted_ttft_p90_s is not None and first.predicted_ttft_s is not None
+    assert first.predicted_ttft_p90_s > first.predicted_ttft_s  # the default factor
+    for i in range(40):  # every request took exactly 3× its prediction
+        rid = f"r{i}"
+        g = p.route(_req(rid, 2048).query(), 100.0 * i, 100.0 * i)
+        assert g.predicted_ttft_s is not None
+        _served(p, rid, 3 * g.predicted_ttft_s, 100.0 * i + 1)
+    g = p.route(_req("late", 2048).query(), 5000.0, 5000.0)
+    assert g.predicted_ttft_s is not None and g.predicted_ttft_p90_s is not None
+    # residuals log((3p + s0)/(p + s0)) < log 3: the p90 is near, never above, 3p + 2·s0
+    floor = p.config.quantile_floor_s
+    assert 2 * g.predicted_ttft_s < g.predicted_ttft_p90_s <= 3 * g.predicted_ttft_s + 2 * floor
+    assert p.quantiles.observed == 40
+
+
+def test_admission_against_a_quantile_is_stricter_than_the_point() -> None:
+    point, strict = _predictor(1), _predictor(1, admission_quantile=0.9)
+    for p in (point, strict):
+        for i in range(3):
+            p.route(_req(f"load{i}", 20_000).query(), 0.0, 0.0)
+    probe = point.route(_req("probe", 2048).query(), 0.0, 0.0)
+    assert probe.predicted_ttft_s is not None and probe.predicted_ttft_p90_s is not None
+    bound = (probe.predicted_ttft_s + probe.predicted_ttft_p90_s) / 2  # between the two
+    ok = point.route(_req("x", 2048, max_queue_wait_s=bound).query(), 0.0, 0.0)
+    no = strict.route(_req("x", 2048, max_queue_wait_s=bound).query(), 0.0, 0.0)
+    assert ok.admitted and not no.admitted
+    assert no.reject_reason == "predicted_ttft_exceeds_bound" and no.retry_after_s is not None
