@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,12 +176,8 @@ async def window(
     bodies: list[bytes] | None, engines: Engines | None, counter: list[int],
 ) -> dict[str, Any]:  # fmt: skip
     """One open-loop window: latencies (s) of the requests, and their statuses."""
-    n = int(rate * seconds)
-    latencies: list[float] = []
-    statuses: dict[str, int] = {}
-    lag: list[float] = []
 
-    async def one(i: int) -> None:
+    async def one(i: int) -> tuple[str, float]:
         started = time.perf_counter()
         try:
             if bodies is None:
@@ -203,7 +200,24 @@ async def window(
                         engines.admitted(decided)
         except (aiohttp.ClientError, TimeoutError) as exc:
             status = type(exc).__name__
-        latencies.append(time.perf_counter() - started)
+        return status, time.perf_counter() - started
+
+    return await open_loop(rate, seconds, one)
+
+
+async def open_loop(
+    rate: float, seconds: float, call: Callable[[int], Awaitable[tuple[str, float]]]
+) -> dict[str, Any]:
+    """``rate × seconds`` calls ``call(i)`` (→ status, latency in s) started on schedule,
+    each without waiting for the others; their latencies, statuses, start lag and rate."""
+    n = int(rate * seconds)
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    lag: list[float] = []
+
+    async def one(i: int) -> None:
+        status, latency = await call(i)
+        latencies.append(latency)
         statuses[status] = statuses.get(status, 0) + 1
 
     tasks = []
