@@ -56,6 +56,7 @@ from foretoken.adapters.kafka.producer import record_key
 from foretoken.adapters.kafka.topics import ensure_topics
 from foretoken.adapters.ports import free_port
 from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, wait_http
+from foretoken.bench.router_stack import worker_env
 from foretoken.core.types import EngineBlockHash, ModelName, RequestId, WorkerId
 from foretoken.ops import kafka_local
 from foretoken.settings import Settings, load_settings
@@ -488,16 +489,10 @@ def run(quick: bool, *, rate: float | None = None, seconds: float | None = None,
     seconds = seconds or (2.0 if quick else 5.0)
     rounds = 1 if quick else 2
     base = load_settings()
-    started = False
-    if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
-        _status, started = kafka_local.up(base)
+    _status, started = kafka_local.up(base)  # none started when one answers
     tmp = Path(tempfile.mkdtemp(prefix="foretoken-route-bench-"))
     prefix, port = f"rt{uuid.uuid4().hex[:8]}-", free_port()
-    env = {
-        "FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}bench",
-        "FORETOKEN_WEB_PORT": str(port), "FORETOKEN_WORKER_DATA_DIR": str(tmp / "worker-data"),
-        "FORETOKEN_LOG_LEVEL": "warn", "KAFKA_BOOTSTRAP_SERVERS": base.kafka.bootstrap_servers,
-    }  # fmt: skip
+    env = worker_env(base, prefix, port, tmp / "worker-data")
     settings = load_settings(env={**os.environ, **env})
     proc = None
     try:
