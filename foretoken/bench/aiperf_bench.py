@@ -20,23 +20,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
 from foretoken.bench.hf_tokenizer import write_dir
 from foretoken.bench.router_stack import start_stack
-from foretoken.bench.router_stats import KafkaView, _ms, pct
+from foretoken.bench.router_stats import KafkaView, _ms, pct, read_records
 from foretoken.settings import Settings
 
 AIPERF_ENV = "FORETOKEN_AIPERF"
 AIPERF_VENV = Path(__file__).resolve().parents[2] / ".venv-aiperf"  # `make aiperf`
 EXPORT = "profile_export_aiperf.json"
-CONSUME_TIMEOUT_S = 60.0
 QUANTILES = (50, 90, 99)
 
 
@@ -93,24 +88,11 @@ def run_aiperf(url: str, model: str, load: Load, out_dir: Path) -> dict[str, Any
 async def router_records(settings: Settings, grants: int) -> KafkaView:
     """Every grant and outcome on this run's topics, until ``grants`` grants and as many
     completions have come, or a timeout."""
-    consumer = AIOKafkaConsumer(
-        settings.topic("grants"), settings.topic("outcomes"),
-        bootstrap_servers=settings.kafka.bootstrap_servers, auto_offset_reset="earliest",
-        group_id=f"aiperf-bench-{uuid.uuid4().hex[:6]}", enable_auto_commit=False,
-    )  # fmt: skip
-    view, grants_topic = KafkaView(), settings.topic("grants")
-    await consumer.start()
-    try:
-        deadline = time.monotonic() + CONSUME_TIMEOUT_S
-        while time.monotonic() < deadline:
-            for tp, msgs in (await consumer.getmany(timeout_ms=500, max_records=5000)).items():
-                for m in msgs:
-                    view.add(tp.topic == grants_topic, m.value)
-            if len(view.grants) >= grants and sum(view.done.values()) >= grants:
-                break
-    finally:
-        await consumer.stop()
-    return view
+
+    def complete(view: KafkaView) -> bool:
+        return len(view.grants) >= grants and sum(view.done.values()) >= grants
+
+    return await read_records(settings, "aiperf-bench", complete, settle_s=0.0)
 
 
 def _aiperf_ms(doc: dict[str, Any], metric: str) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from foretoken.settings import load_settings
 from foretoken.sim.policy import (
     Arrival,
     Decision,
+    FinishedSeen,
+    FirstTokenSeen,
     FleetView,
     RoutingPolicy,
 )
@@ -208,14 +210,12 @@ class ShadowBaselines:
         for policy in self._others():
             policy.on_kv_events(worker_id, events, t_s)
 
-    def on_first_token(self, request_id: RequestId, worker_id: WorkerId, ttft_s: float,
-                       engine_cached_tokens: int | None, t_s: float) -> None:  # fmt: skip
-        self._done(request_id, worker_id)
+    def on_first_token(self, seen: FirstTokenSeen) -> None:
+        self._done(seen.request_id, seen.worker_id)
         for policy in self._others():
-            policy.on_first_token(request_id, worker_id, ttft_s, engine_cached_tokens, t_s)
+            policy.on_first_token(seen)
 
-    def on_finished(self, request_id: RequestId, worker_id: WorkerId, output_tokens: int,
-                    e2e_s: float, t_s: float, error: str | None = None) -> None:  # fmt: skip
-        self._done(request_id, worker_id)
+    def on_finished(self, seen: FinishedSeen) -> None:
+        self._done(seen.request_id, seen.worker_id)
         for policy in self._others():
-            policy.on_finished(request_id, worker_id, output_tokens, e2e_s, t_s, error)
+            policy.on_finished(seen)

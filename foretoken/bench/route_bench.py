@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from foretoken.adapters.kafka.producer import record_key
 from foretoken.adapters.kafka.topics import ensure_topics
 from foretoken.adapters.ports import free_port
 from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, wait_http
+from foretoken.bench.router_stack import worker_env
 from foretoken.core.types import EngineBlockHash, ModelName, RequestId, WorkerId
 from foretoken.ops import kafka_local
 from foretoken.settings import Settings, load_settings
@@ -175,12 +177,8 @@ async def window(
     bodies: list[bytes] | None, engines: Engines | None, counter: list[int],
 ) -> dict[str, Any]:  # fmt: skip
     """One open-loop window: latencies (s) of the requests, and their statuses."""
-    n = int(rate * seconds)
-    latencies: list[float] = []
-    statuses: dict[str, int] = {}
-    lag: list[float] = []
 
-    async def one(i: int) -> None:
+    async def one(i: int) -> tuple[str, float]:
         started = time.perf_counter()
         try:
             if bodies is None:
@@ -203,7 +201,24 @@ async def window(
                         engines.admitted(decided)
         except (aiohttp.ClientError, TimeoutError) as exc:
             status = type(exc).__name__
-        latencies.append(time.perf_counter() - started)
+        return status, time.perf_counter() - started
+
+    return await open_loop(rate, seconds, one)
+
+
+async def open_loop(
+    rate: float, seconds: float, call: Callable[[int], Awaitable[tuple[str, float]]]
+) -> dict[str, Any]:
+    """``rate × seconds`` calls ``call(i)`` (→ status, latency in s) started on schedule,
+    each without waiting for the others; their latencies, statuses, start lag and rate."""
+    n = int(rate * seconds)
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    lag: list[float] = []
+
+    async def one(i: int) -> None:
+        status, latency = await call(i)
+        latencies.append(latency)
         statuses[status] = statuses.get(status, 0) + 1
 
     tasks = []
@@ -474,16 +489,10 @@ def run(quick: bool, *, rate: float | None = None, seconds: float | None = None,
     seconds = seconds or (2.0 if quick else 5.0)
     rounds = 1 if quick else 2
     base = load_settings()
-    started = False
-    if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
-        _status, started = kafka_local.up(base)
+    _status, started = kafka_local.up(base)  # none started when one answers
     tmp = Path(tempfile.mkdtemp(prefix="foretoken-route-bench-"))
     prefix, port = f"rt{uuid.uuid4().hex[:8]}-", free_port()
-    env = {
-        "FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}bench",
-        "FORETOKEN_WEB_PORT": str(port), "FORETOKEN_WORKER_DATA_DIR": str(tmp / "worker-data"),
-        "FORETOKEN_LOG_LEVEL": "warn", "KAFKA_BOOTSTRAP_SERVERS": base.kafka.bootstrap_servers,
-    }  # fmt: skip
+    env = worker_env(base, prefix, port, tmp / "worker-data")
     settings = load_settings(env={**os.environ, **env})
     proc = None
     try:

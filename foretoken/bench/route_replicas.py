@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,29 +251,12 @@ async def _window(
 ) -> dict[str, Any]:  # fmt: skip
     """One open-loop window, round-robin over ``urls``; every decision is published on
     ``grants`` (as the router does), admitted ones played as the engines would."""
-    n = int(rate * seconds)
-    latencies: list[float] = []
-    statuses: dict[str, int] = {}
-    lag: list[float] = []
 
-    async def one(i: int) -> None:
-        status, latency = await _one(session, urls, i % len(urls), i, bodies, engines,
-                                     producer, settings, counter, decisions)  # fmt: skip
-        latencies.append(latency)
-        statuses[status] = statuses.get(status, 0) + 1
+    def one(i: int) -> Awaitable[tuple[str, float]]:
+        return _one(session, urls, i % len(urls), i, bodies, engines,
+                    producer, settings, counter, decisions)  # fmt: skip
 
-    tasks = []
-    t0 = time.perf_counter()
-    for i in range(n):
-        due = t0 + i / rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        lag.append(max(0.0, time.perf_counter() - due))
-        tasks.append(asyncio.create_task(one(i)))
-    await asyncio.gather(*tasks)
-    return {"latencies": latencies, "statuses": statuses, "lag": lag,
-            "achieved_rps": n / max(time.perf_counter() - t0, 1e-9)}  # fmt: skip
+    return await rb.open_loop(rate, seconds, one)
 
 
 async def _one(
@@ -423,9 +406,7 @@ def run_replicas(quick: bool, count: int = 2, *, seconds: float | None = None) -
     rates = list(QUICK_RATES if quick else RATES)
     seconds = seconds or (2.0 if quick else 4.0)
     base_settings = load_settings()
-    started = False
-    if not kafka_local.accepts_connections(base_settings.kafka.bootstrap_servers):
-        _status, started = kafka_local.up(base_settings)
+    _status, started = kafka_local.up(base_settings)  # none started when one answers
     tmp = Path(tempfile.mkdtemp(prefix="foretoken-route-replicas-"))
     prefix = f"rr{uuid.uuid4().hex[:8]}-"
     base = {

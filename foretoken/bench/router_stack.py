@@ -83,19 +83,23 @@ class Stack:
         return "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in self.tmp.glob("*.log"))
 
 
+def worker_env(base: Settings, prefix: str, port: int, data_dir: Path) -> dict[str, str]:
+    """A bench's processor: topics and consumer group of its own (``prefix``), its web port
+    and data directory, quiet logs, ``base``'s broker."""
+    return {
+        "FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}bench",
+        "FORETOKEN_WEB_PORT": str(port), "FORETOKEN_WORKER_DATA_DIR": str(data_dir),
+        "FORETOKEN_LOG_LEVEL": "warn", "KAFKA_BOOTSTRAP_SERVERS": base.kafka.bootstrap_servers,
+    }  # fmt: skip
+
+
 def start_stack(tmp: Path, route_timeout_s: float, router_processes: int = 1,
                 fleet: str | None = None) -> Stack:  # fmt: skip
     """The stack on the engine stub, or with ``fleet`` (a fleet name) on simulated engines."""
     base = load_settings()
-    started = False
-    if not kafka_local.accepts_connections(base.kafka.bootstrap_servers):
-        _status, started = kafka_local.up(base)
+    _status, started = kafka_local.up(base)  # none started when one answers
     prefix, port = f"rb{uuid.uuid4().hex[:8]}-", free_port()
-    env = {
-        "FORETOKEN_TOPIC_PREFIX": prefix, "FORETOKEN_APP_ID": f"foretoken-{prefix}bench",
-        "FORETOKEN_WEB_PORT": str(port), "FORETOKEN_WORKER_DATA_DIR": str(tmp / "worker-data"),
-        "FORETOKEN_LOG_LEVEL": "warn", "KAFKA_BOOTSTRAP_SERVERS": base.kafka.bootstrap_servers,
-    }  # fmt: skip
+    env = worker_env(base, prefix, port, tmp / "worker-data")
     stack = Stack(tmp, load_settings(env={**os.environ, **env}), started_broker=started)
     if not base.kafka.external:
         stack.kafka_pid = kafka_local.running_pid(kafka_local.layout_for(base))

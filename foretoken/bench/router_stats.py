@@ -10,7 +10,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,10 +210,22 @@ class KafkaView:
 async def consume_records(settings: Settings, expect: set[str]) -> KafkaView:
     """Read this run's grants and outcomes until every expected request has its grant and
     every admitted one its completion, then a little longer (duplicates), or a timeout."""
+
+    def complete(view: KafkaView) -> bool:
+        return expect <= set(view.grants) and all(view.done[r] for r in expect if view.admitted[r])
+
+    return await read_records(settings, "router-bench", complete, settle_s=CONSUME_SETTLE_S)
+
+
+async def read_records(
+    settings: Settings, group: str, complete: Callable[[KafkaView], bool], *, settle_s: float
+) -> KafkaView:
+    """This run's grants and outcomes (from the start of the topics, a consumer group of its
+    own named after ``group``) until ``complete(view)`` and ``settle_s`` more, or a timeout."""
     consumer = AIOKafkaConsumer(
         settings.topic("grants"), settings.topic("outcomes"),
         bootstrap_servers=settings.kafka.bootstrap_servers, auto_offset_reset="earliest",
-        group_id=f"router-bench-{uuid.uuid4().hex[:6]}", enable_auto_commit=False,
+        group_id=f"{group}-{uuid.uuid4().hex[:6]}", enable_auto_commit=False,
     )  # fmt: skip
     view, grants_topic = KafkaView(), settings.topic("grants")
     await consumer.start()
@@ -223,11 +235,8 @@ async def consume_records(settings: Settings, expect: set[str]) -> KafkaView:
             for tp, msgs in (await consumer.getmany(timeout_ms=500, max_records=5000)).items():
                 for m in msgs:
                     view.add(tp.topic == grants_topic, m.value)
-            complete = expect <= set(view.grants) and all(
-                view.done[r] for r in expect if view.admitted[r]
-            )
-            if complete and math.isinf(settle_until):  # keep reading a little for duplicates
-                settle_until = time.monotonic() + CONSUME_SETTLE_S
+            if math.isinf(settle_until) and complete(view):  # keep reading for duplicates
+                settle_until = time.monotonic() + settle_s
     finally:
         await consumer.stop()
     return view

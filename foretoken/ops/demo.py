@@ -119,9 +119,7 @@ def run_demo(
         if dashboard:
             _start_dashboard(plan)
         if keep:
-            console.print("[bold]--keep[/bold]: everything keeps running; Ctrl-C to stop.")
-            while True:
-                time.sleep(3600)
+            keep_running()
         return 0
     except KeyboardInterrupt:
         return 130
@@ -130,6 +128,13 @@ def run_demo(
             stop(proc)
         if started_broker:
             kafka_local.down(settings)
+
+
+def keep_running() -> None:
+    """``--keep``: leave everything running until Ctrl-C (KeyboardInterrupt)."""
+    console.print("[bold]--keep[/bold]: everything keeps running; Ctrl-C to stop.")
+    while True:
+        time.sleep(3600)
 
 
 def _os_env() -> dict[str, str]:

@@ -16,7 +16,6 @@ import dataclasses
 import os
 import random
 import statistics
-import time
 import uuid
 
 from rich.table import Table
@@ -26,6 +25,7 @@ from foretoken.adapters.kafka.topics import ensure_topics
 from foretoken.adapters.lake.report import output_console, print_table
 from foretoken.adapters.ports import in_use
 from foretoken.ops import kafka_local
+from foretoken.ops.demo import keep_running
 from foretoken.ops.llama_measure import (
     FULL,
     _mixed_async,
@@ -80,9 +80,7 @@ def run_llama_demo(settings: Settings, keep: bool = False) -> int:
         console.print(f"\nrouter: {stack.router_url}/v1  ·  worker: {stack.worker_url}/v1/fits"
                       f"  ·  logs: {run_dir}/")  # fmt: skip
         if keep:
-            console.print("[bold]--keep[/bold]: everything keeps running; Ctrl-C to stop.")
-            while True:
-                time.sleep(3600)
+            keep_running()
         return 0
     except KeyboardInterrupt:
         return 130

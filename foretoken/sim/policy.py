@@ -16,7 +16,8 @@ decision converts into the ``grants`` record of PRODUCT.md §2 with :meth:`Decis
   (:class:`WorkerLoad`), kept by the driver in a :class:`FleetLedger`;
 * through the feedback callbacks, the events the real pipeline would see, at the time it
   would see them: KV events (``on_kv_events``), first tokens with the engine-reported
-  cached tokens (``on_first_token``) and completions (``on_finished``). Nothing else.
+  cached tokens (``on_first_token``, a :class:`FirstTokenSeen`) and completions
+  (``on_finished``, a :class:`FinishedSeen`). Nothing else.
 
 A driver (the virtual-time replay in :mod:`foretoken.sim.replay`, later the live route service)
 updates the ledger *before* it calls a callback, so a policy that reads the view inside a
@@ -166,6 +167,33 @@ class FleetLedger(FleetView):
         state.prompt_tokens -= prompt_tokens
 
 
+# ---------------------------------------------------------------------------- feedback
+
+
+@dataclass(frozen=True, slots=True)
+class FirstTokenSeen:
+    """A request's first token arrived at ``t_s``, ``ttft_s`` after its arrival, with the
+    cached tokens the engine reported (None: it reports none)."""
+
+    request_id: RequestId
+    worker_id: WorkerId
+    ttft_s: float
+    engine_cached_tokens: int | None
+    t_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedSeen:
+    """A request completed at ``t_s`` (``error`` set when the worker failed it)."""
+
+    request_id: RequestId
+    worker_id: WorkerId
+    output_tokens: int
+    e2e_s: float
+    t_s: float
+    error: str | None = None
+
+
 # ---------------------------------------------------------------------------- decisions
 
 
@@ -260,27 +288,12 @@ class RoutingPolicy(Protocol):
         """KV events a worker published at ``t_s``, in order."""
         ...
 
-    def on_first_token(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        ttft_s: float,
-        engine_cached_tokens: int | None,
-        t_s: float,
-    ) -> None:
-        """The request's first token arrived at ``t_s``, ``ttft_s`` after its arrival."""
+    def on_first_token(self, seen: FirstTokenSeen) -> None:
+        """A request's first token arrived."""
         ...
 
-    def on_finished(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        output_tokens: int,
-        e2e_s: float,
-        t_s: float,
-        error: str | None = None,
-    ) -> None:
-        """The request completed at ``t_s`` (``error`` set when the worker failed it)."""
+    def on_finished(self, seen: FinishedSeen) -> None:
+        """A request completed (or failed)."""
         ...
 
 
@@ -292,25 +305,10 @@ class IgnoresFeedback:
     def on_kv_events(self, worker_id: WorkerId, events: Sequence[KvEvent], t_s: float) -> None:
         return None
 
-    def on_first_token(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        ttft_s: float,
-        engine_cached_tokens: int | None,
-        t_s: float,
-    ) -> None:
+    def on_first_token(self, seen: FirstTokenSeen) -> None:
         return None
 
-    def on_finished(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        output_tokens: int,
-        e2e_s: float,
-        t_s: float,
-        error: str | None = None,
-    ) -> None:
+    def on_finished(self, seen: FinishedSeen) -> None:
         return None
 
 

@@ -65,7 +65,14 @@ from foretoken.core.types import (
     WorkerProfile,
 )
 from foretoken.settings import Settings
-from foretoken.sim.policy import Arrival, Decision, FleetView, register_policy
+from foretoken.sim.policy import (
+    Arrival,
+    Decision,
+    FinishedSeen,
+    FirstTokenSeen,
+    FleetView,
+    register_policy,
+)
 from foretoken.sim.prefix_cache import KvEventDetail, TokenIds
 from foretoken.sim.spec import FleetSpec
 
@@ -168,39 +175,24 @@ class PredictorPolicy:
         self.counters.kv_batches += 1
         self._maintain(t_s)
 
-    def on_first_token(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        ttft_s: float,
-        engine_cached_tokens: int | None,
-        t_s: float,
-    ) -> None:
+    def on_first_token(self, seen: FirstTokenSeen) -> None:
         # The router's first-token outcome carries the TTFT; the cached tokens come with
         # the completion (the engine's usage block).
-        self._ttft[request_id] = ttft_s
-        self._cached[request_id] = engine_cached_tokens
-        outcome = RequestOutcome(request_id=request_id, ts=t_s, kind="first_token",
-                                 worker_id=worker_id, actual_ttft_s=ttft_s)  # fmt: skip
-        self._outcome(outcome, t_s)
+        self._ttft[seen.request_id] = seen.ttft_s
+        self._cached[seen.request_id] = seen.engine_cached_tokens
+        outcome = RequestOutcome(request_id=seen.request_id, ts=seen.t_s, kind="first_token",
+                                 worker_id=seen.worker_id, actual_ttft_s=seen.ttft_s)  # fmt: skip
+        self._outcome(outcome, seen.t_s)
 
-    def on_finished(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        output_tokens: int,
-        e2e_s: float,
-        t_s: float,
-        error: str | None = None,
-    ) -> None:
+    def on_finished(self, seen: FinishedSeen) -> None:
         outcome = RequestOutcome(
-            request_id=request_id, ts=t_s, kind="completion", worker_id=worker_id,
-            status="ok" if error is None else "error",
-            actual_ttft_s=self._ttft.pop(request_id, None),
-            engine_cached_tokens=self._cached.pop(request_id, None),
-            output_tokens=output_tokens, e2e_s=e2e_s, error=error,
+            request_id=seen.request_id, ts=seen.t_s, kind="completion", worker_id=seen.worker_id,
+            status="ok" if seen.error is None else "error",
+            actual_ttft_s=self._ttft.pop(seen.request_id, None),
+            engine_cached_tokens=self._cached.pop(seen.request_id, None),
+            output_tokens=seen.output_tokens, e2e_s=seen.e2e_s, error=seen.error,
         )  # fmt: skip
-        self._outcome(outcome, t_s)
+        self._outcome(outcome, seen.t_s)
 
     def _outcome(self, outcome: RequestOutcome, t_s: float) -> None:
         self.counters.outcomes += 1
@@ -300,15 +292,8 @@ class ApproxPredictorPolicy(PredictorPolicy):
             )
         super().register(profile)
 
-    def on_first_token(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        ttft_s: float,
-        engine_cached_tokens: int | None,
-        t_s: float,
-    ) -> None:
-        super().on_first_token(request_id, worker_id, ttft_s, None, t_s)  # the engine says nothing
+    def on_first_token(self, seen: FirstTokenSeen) -> None:
+        super().on_first_token(replace(seen, engine_cached_tokens=None))  # the engine says nothing
 
 
 register_policy(POLICY_NAME, PredictorPolicy)

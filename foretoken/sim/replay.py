@@ -75,6 +75,8 @@ from foretoken.sim.engine import (
 from foretoken.sim.policy import (
     Arrival,
     Decision,
+    FinishedSeen,
+    FirstTokenSeen,
     FleetLedger,
     RoutingPolicy,
     make_policy,
@@ -285,7 +287,9 @@ class _Replay:
             )
         except RequestTooLarge as exc:
             self._record(flight, "error")
-            self.policy.on_finished(request.request_id, worker_id, 0, 0.0, arrival_s, str(exc))
+            self.policy.on_finished(
+                FinishedSeen(request.request_id, worker_id, 0, 0.0, arrival_s, str(exc))
+            )
             return
         self.ledger.record_sent(request.request_id, worker_id, request.prompt_tokens)
         self.flights[request.request_id] = flight
@@ -362,7 +366,7 @@ class _Replay:
         self.flights[first.request_id].first_token = first
         self.ledger.record_first_token(first.request_id)
         self.policy.on_first_token(
-            first.request_id, worker_id, first.ttft_s, first.cached_tokens, at_s
+            FirstTokenSeen(first.request_id, worker_id, first.ttft_s, first.cached_tokens, at_s)
         )
 
     def _finished(self, worker_id: WorkerId, done: Finished, at_s: float) -> None:
@@ -370,7 +374,9 @@ class _Replay:
         self._record(flight, "served", **_served_outcome(flight, done))
         self.ledger.record_finished(done.request_id)
         e2e_s = done.time_s - done.arrival_s
-        self.policy.on_finished(done.request_id, worker_id, done.output_tokens, e2e_s, at_s)
+        self.policy.on_finished(
+            FinishedSeen(done.request_id, worker_id, done.output_tokens, e2e_s, at_s)
+        )
 
 
 def _progress_bar(enabled: bool) -> Progress:

@@ -194,11 +194,16 @@ fn tier(name: &str) -> PyResult<usize> {
     })
 }
 
+/// A medium name given as a Python str.
+fn tier_of(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    tier(obj.cast::<PyString>()?.to_str()?)
+}
+
 fn opt_tier(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
     if obj.is_none() {
         return Ok(None);
     }
-    Ok(Some(tier(obj.cast::<PyString>()?.to_str()?)?))
+    Ok(Some(tier_of(obj)?))
 }
 
 fn opt_string(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
@@ -310,11 +315,7 @@ fn parse_tuple<'py>(t: &Bound<'py, PyTuple>) -> PyResult<Raw<'py>> {
                 } else {
                     None
                 },
-                tier: if n > 6 {
-                    tier(t.get_item(6)?.cast::<PyString>()?.to_str()?)?
-                } else {
-                    0
-                },
+                tier: if n > 6 { tier_of(&t.get_item(6)?)? } else { 0 },
                 group_idx: if n > 7 { t.get_item(7)?.extract()? } else { 0 },
                 full_attention: if n > 8 {
                     t.get_item(8)?.extract()?
@@ -332,11 +333,7 @@ fn parse_tuple<'py>(t: &Bound<'py, PyTuple>) -> PyResult<Raw<'py>> {
             need(2, "removed")?;
             Ok(Raw::Removed {
                 hashes: extract_u64s(&t.get_item(1)?)?,
-                tier: if n > 2 {
-                    tier(t.get_item(2)?.cast::<PyString>()?.to_str()?)?
-                } else {
-                    0
-                },
+                tier: if n > 2 { tier_of(&t.get_item(2)?)? } else { 0 },
                 group_idx: if n > 3 { t.get_item(3)?.extract()? } else { 0 },
             })
         }
@@ -376,11 +373,7 @@ fn parse_struct<'py>(ev: &Bound<'py, PyAny>) -> PyResult<Raw<'py>> {
                 tokens: tokens_or_empty(&tokens)?,
                 block_size: ev.getattr(intern!(py, "block_size"))?.extract()?,
                 lora_name: opt_string(&ev.getattr(intern!(py, "lora_name"))?)?,
-                tier: tier(
-                    ev.getattr(intern!(py, "medium"))?
-                        .cast::<PyString>()?
-                        .to_str()?,
-                )?,
+                tier: tier_of(&ev.getattr(intern!(py, "medium"))?)?,
                 group_idx: ev.getattr(intern!(py, "group_idx"))?.extract()?,
                 full_attention: ev.getattr(intern!(py, "full_attention"))?.extract()?,
                 mixes: extract_keys(Some(&ev.getattr(intern!(py, "extra_keys"))?))?,
@@ -388,11 +381,7 @@ fn parse_struct<'py>(ev: &Bound<'py, PyAny>) -> PyResult<Raw<'py>> {
         }
         "BlockRemoved" => Ok(Raw::Removed {
             hashes: extract_u64s(&ev.getattr(intern!(py, "block_hashes"))?)?,
-            tier: tier(
-                ev.getattr(intern!(py, "medium"))?
-                    .cast::<PyString>()?
-                    .to_str()?,
-            )?,
+            tier: tier_of(&ev.getattr(intern!(py, "medium"))?)?,
             group_idx: ev.getattr(intern!(py, "group_idx"))?.extract()?,
         }),
         "AllCleared" => Ok(Raw::Cleared(opt_tier(&ev.getattr(intern!(py, "medium"))?)?)),
@@ -456,6 +445,18 @@ fn stats_dict<'py>(py: Python<'py>, stats: &ApplyStats) -> PyResult<Bound<'py, P
     let dict = PyDict::new(py);
     for (name, value) in ApplyStats::FIELDS.iter().zip(stats.values()) {
         dict.set_item(name, value)?;
+    }
+    Ok(dict)
+}
+
+/// `{tier name: count}` for a per-tier array (GPU, CPU, DISK, SHARED).
+fn per_tier<'py, T: IntoPyObject<'py>>(
+    py: Python<'py>,
+    counts: [T; 4],
+) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (tier, n) in TIERS.iter().zip(counts) {
+        dict.set_item(tier, n)?;
     }
     Ok(dict)
 }
@@ -760,11 +761,7 @@ impl NativeIndex {
                 seqs.set_item(rank, seq)?;
             }
             d.set_item("last_seq", seqs)?;
-            let blocks = PyDict::new(py);
-            for (tier, n) in TIERS.iter().zip(w.blocks) {
-                blocks.set_item(tier, n)?;
-            }
-            d.set_item("blocks", blocks)?;
+            d.set_item("blocks", per_tier(py, w.blocks)?)?;
             d.set_item("engine_hashes", w.engine_hashes)?;
             d.set_item("duplicate_copies", w.duplicate_copies)?;
             d.set_item("recently_removed", w.recently_removed)?;
@@ -776,11 +773,7 @@ impl NativeIndex {
             d.set_item("model", &s.model)?;
             d.set_item("block_size", s.block_size)?;
             d.set_item("workers", s.workers)?;
-            let entries = PyDict::new(py);
-            for (tier, n) in TIERS.iter().zip(s.entries) {
-                entries.set_item(tier, n)?;
-            }
-            d.set_item("entries", entries)?;
+            d.set_item("entries", per_tier(py, s.entries)?)?;
             spaces.append(d)?;
         }
         let out = PyDict::new(py);

@@ -229,18 +229,25 @@ def remove_each(
                 worker.untouch([own])
 
 
+def _unset(table: dict[int, int], own: int, bit: int) -> bool:
+    """Clear the worker's ``bit`` in a block's mask (the entry goes with its last bit);
+    whether it was set."""
+    mask = table.get(own, 0)
+    if not mask & bit:
+        return False
+    mask ^= bit
+    if mask:
+        table[own] = mask
+    else:
+        del table[own]
+    return True
+
+
 def forget(worker: Worker, own: int) -> None:
     """Drop every copy of one block on one worker, in every tier."""
     bit = worker.bit
     for tier in worker.tiers:
-        table = worker.space.masks[tier][worker.word]
-        mask = table.get(own, 0)
-        if mask & bit:
-            mask ^= bit
-            if mask:
-                table[own] = mask
-            else:
-                del table[own]
+        if _unset(worker.space.masks[tier][worker.word], own, bit):
             worker.counts[tier] -= 1
         worker.dups[tier].pop(own, None)
     if worker.lru is not None:
@@ -258,13 +265,7 @@ def clear(worker: Worker, tier: int | None) -> None:
     for t in tiers:
         table = worker.space.masks[t][worker.word]
         for own in owns:
-            mask = table.get(own, 0)
-            if mask & bit:
-                mask ^= bit
-                if mask:
-                    table[own] = mask
-                else:
-                    del table[own]
+            _unset(table, own, bit)
         worker.counts[t] = 0
         worker.dups[t].clear()
     if tier is None:

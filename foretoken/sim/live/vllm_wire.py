@@ -52,15 +52,8 @@ KIND_FULL: Final = "full_attention"
 KIND_PARTIAL: Final = "sliding_window"
 
 
-class _MapEvent(msgspec.Struct, omit_defaults=True, tag=True):
-    pass
-
-
-class _ArrayEvent(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
-    pass
-
-
-class _MapStored(_MapEvent, tag="BlockStored"):
+# The map form (tag and field names); the array form is the same fields, positionally.
+class _MapStored(msgspec.Struct, omit_defaults=True, tag="BlockStored"):
     block_hashes: list[int]
     parent_block_hash: int | None
     token_ids: list[int]
@@ -74,37 +67,25 @@ class _MapStored(_MapEvent, tag="BlockStored"):
     kv_cache_spec_sliding_window: int | None = None
 
 
-class _MapRemoved(_MapEvent, tag="BlockRemoved"):
+class _MapRemoved(msgspec.Struct, omit_defaults=True, tag="BlockRemoved"):
     block_hashes: list[int]
     medium: str | None
     group_idx: int | None = None
 
 
-class _MapCleared(_MapEvent, tag="AllBlocksCleared"):
+class _MapCleared(msgspec.Struct, omit_defaults=True, tag="AllBlocksCleared"):
     pass
 
 
-class _ArrayStored(_ArrayEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[list[Any] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+class _ArrayStored(_MapStored, array_like=True):
+    pass
 
 
-class _ArrayRemoved(_ArrayEvent, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
+class _ArrayRemoved(_MapRemoved, array_like=True):
+    pass
 
 
-class _ArrayCleared(_ArrayEvent, tag="AllBlocksCleared"):
+class _ArrayCleared(_MapCleared, array_like=True):
     pass
 
 

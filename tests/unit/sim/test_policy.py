@@ -16,6 +16,8 @@ from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.sim.policy import (
     Arrival,
     Decision,
+    FinishedSeen,
+    FirstTokenSeen,
     FleetLedger,
     FleetView,
     IgnoresFeedback,
@@ -105,9 +107,9 @@ def drive(policy: RoutingPolicy, ledger: FleetLedger, script: Sequence[Step]) ->
             rid, worker = outstanding.pop(0)
             ledger.record_first_token(rid)
             policy.on_kv_events(worker, (), at_s)
-            policy.on_first_token(rid, worker, 0.05, 0, at_s)
+            policy.on_first_token(FirstTokenSeen(rid, worker, 0.05, 0, at_s))
             ledger.record_finished(rid)
-            policy.on_finished(rid, worker, 4, 0.1, at_s)
+            policy.on_finished(FinishedSeen(rid, worker, 4, 0.1, at_s))
 
 
 # Every registered policy runs the contract; a policy registered by another module (the

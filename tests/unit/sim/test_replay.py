@@ -14,6 +14,7 @@ chunks. The four requests:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.sim.policy import (
     Arrival,
     Decision,
+    FinishedSeen,
+    FirstTokenSeen,
     FleetLedger,
     FleetView,
     IgnoresFeedback,
@@ -186,16 +189,8 @@ class Gatekeeper(IgnoresFeedback):
             explore=request.request_id == "r2",
         )
 
-    def on_finished(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        output_tokens: int,
-        e2e_s: float,
-        t_s: float,
-        error: str | None = None,
-    ) -> None:
-        self.finished.append((request_id, error))
+    def on_finished(self, seen: FinishedSeen) -> None:
+        self.finished.append((seen.request_id, seen.error))
 
 
 def test_rejections_predictions_and_cache_disagreement_are_recorded() -> None:
@@ -263,26 +258,11 @@ class Recorder(RoundRobin):
     def on_kv_events(self, worker_id: WorkerId, events: Sequence[KvEvent], t_s: float) -> None:
         self.log.append(("kv", worker_id, tuple(events), t_s))
 
-    def on_first_token(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        ttft_s: float,
-        engine_cached_tokens: int | None,
-        t_s: float,
-    ) -> None:
-        self.log.append(("first", request_id, worker_id, ttft_s, engine_cached_tokens, t_s))
+    def on_first_token(self, seen: FirstTokenSeen) -> None:
+        self.log.append(("first", *astuple(seen)))
 
-    def on_finished(
-        self,
-        request_id: RequestId,
-        worker_id: WorkerId,
-        output_tokens: int,
-        e2e_s: float,
-        t_s: float,
-        error: str | None = None,
-    ) -> None:
-        self.log.append(("done", request_id, worker_id, output_tokens, e2e_s, t_s, error))
+    def on_finished(self, seen: FinishedSeen) -> None:
+        self.log.append(("done", *astuple(seen)))
 
 
 def test_feedback_arrives_at_the_simulated_times() -> None:

@@ -68,19 +68,7 @@ class Driver:
         prefill_s: float = 0.5,
     ) -> None:
         rid = RequestId(f"r{next(self.ids)}")
-        self.c.observe_grant(
-            Grant(
-                request_id=rid,
-                ts=t,
-                model="m",
-                workload_class=klass,
-                prompt_tokens=1000,
-                worker_id=worker,
-                admitted=True,
-                prefill_s=prefill_s,
-            ),
-            t,
-        )
+        self._grant(rid, t, klass, worker, prompt_tokens=1000, prefill_s=prefill_s)
         ttft = queue_s + prefill_s
         self.c.observe_outcome(
             Outcome(request_id=rid, ts=t, kind="first_token", worker_id=worker, actual_ttft_s=ttft),
@@ -90,19 +78,23 @@ class Driver:
     def backlog(self, t: float, klass: str = "interactive", worker: WorkerId = W0) -> None:
         """A request sent and not answered: queued tokens, the corroborating signal."""
         rid = RequestId(f"pending{next(self.ids)}")
-        self.c.observe_grant(
-            Grant(
-                request_id=rid,
-                ts=t,
-                model="m",
-                workload_class=klass,
-                prompt_tokens=10_000,
-                worker_id=worker,
-                admitted=True,
-                prefill_s=1e9,
-            ),
-            t,
-        )
+        self._grant(rid, t, klass, worker, prompt_tokens=10_000, prefill_s=1e9)
+
+    def _grant(
+        self,
+        rid: RequestId,
+        t: float,
+        klass: str,
+        worker: WorkerId,
+        *,
+        prompt_tokens: int,
+        prefill_s: float,
+    ) -> None:
+        """An admitted grant of model ``m``, observed at ``t``."""
+        grant = Grant(request_id=rid, ts=t, model="m", workload_class=klass,
+                      prompt_tokens=prompt_tokens, worker_id=worker, admitted=True,
+                      prefill_s=prefill_s)  # fmt: skip
+        self.c.observe_grant(grant, t)
 
     def run(self, start: float, end: float, queue_of: object, **kw: object) -> None:
         t = start
