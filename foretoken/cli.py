@@ -397,6 +397,15 @@ def bench_aiperf(quick: bool = typer.Option(False, help="60 requests instead of 
     _bench(["aiperf"], quick)
 
 
+@bench_app.command("live-vs-replay")
+def bench_live_vs_replay(
+    quick: bool = typer.Option(False, help="40 s of trace instead of 120 s."),
+) -> None:
+    """One Mooncake slice through the live stack (router, worker, real-time fleet) and
+    through virtual time: both grades side by side, split where they can differ."""
+    _bench(["live-vs-replay"], quick)
+
+
 @bench_app.command("approx")
 def bench_approx(quick: bool = typer.Option(False, help="300 requests instead of 1,500.")) -> None:
     """The predictor with an approximate cache view (no KV events) against event-fed credit."""

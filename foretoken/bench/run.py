@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "approx": "foretoken.bench.approx_bench",
     "real-engine": "foretoken.bench.real_engine_bench",
     "aiperf": "foretoken.bench.aiperf_bench",  # needs `make aiperf` (a venv of its own)
+    "live-vs-replay": "foretoken.bench.live_vs_replay",
 }
 OUT_DIR = Path(".run/bench")
 
