@@ -12,8 +12,15 @@ from foretoken.bench.live_vs_replay import compare, workload
 
 def _row(rid: str, pred: float, act: float | None, *, default: bool = False,
          wait: float = 0.0, status: str = "served") -> dict[str, Any]:  # fmt: skip
-    return {"request_id": rid, "status": status, "predicted_ttft_s": pred, "actual_ttft_s": act,
-            "predicted_ttft_p90_s": pred * 2, "fit_default": default, "queue_wait_s": wait}
+    return {
+        "request_id": rid,
+        "status": status,
+        "predicted_ttft_s": pred,
+        "actual_ttft_s": act,
+        "predicted_ttft_p90_s": pred * 2,
+        "fit_default": default,
+        "queue_wait_s": wait,
+    }
 
 
 def test_both_sides_are_graded_on_the_requests_served_on_both() -> None:
