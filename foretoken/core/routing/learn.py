@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from foretoken.core.cost.busy_chains import BusyChains
+from foretoken.core.cost.busy_chains import BusyChains, alone_sample
 from foretoken.core.cost.decode_windows import DecodeWindows, Window
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
@@ -124,10 +124,13 @@ class Learner:
         assert graded.actual_ttft_s is not None
         self.fits.observe_cold(wid, profile.config_hash, graded.prompt_tokens,
                                graded.actual_ttft_s, now_s, cached)  # fmt: skip
-        if self.config.busy_chain_budgets > 0 and self.fits.own_curve(wid).default:
-            n, k = graded.prompt_tokens, min(cached, graded.prompt_tokens)
-            self.fits.observe_busy_chain(wid, profile.config_hash, n - k, n * n - k * k,
-                                         graded.actual_ttft_s, now_s)  # fmt: skip
+        if self.config.busy_chain_budgets > 0 and not self.fits.has_cold_fit(wid):
+            cost = step_cost(self.fits, wid)
+            sample = alone_sample(profile.scheduler, graded.prompt_tokens, cached,
+                                  graded.actual_ttft_s, cost.step_overhead_s)  # fmt: skip
+            if sample is not None:
+                self.fits.observe_busy_chain(wid, profile.config_hash, sample.u, sample.v,
+                                             sample.seconds, now_s)  # fmt: skip
         return True
 
     def remember_prompt(
