@@ -48,6 +48,7 @@ class ChainSample:
 @dataclass(slots=True)
 class BusyChains:
     budgets: float = 1.0
+    min_share: float = 0.0  # of a chain's gap its prefill must be, to be a sample
     chains: dict[WorkerId, _Chain] = field(default_factory=dict)
 
     def drop(self, wid: WorkerId) -> None:
@@ -77,7 +78,7 @@ class BusyChains:
         if chain is None or not chain.clean or not ts > chain.last_s:
             return None
         del self.chains[wid]
-        return _sample(chain, settings, chain.step_s, chain.decoding)
+        return _sample(chain, settings, chain.step_s, chain.decoding, self.min_share)
 
     def add(
         self, wid: WorkerId, settings: SchedulerSettings, n: int, cached: int, gap_s: float,
@@ -93,7 +94,7 @@ class BusyChains:
             and gap_s > 0
             and chain.u >= self.budgets * settings.max_num_batched_tokens
         ):
-            sample = _sample(chain, settings, step_s, decoding)
+            sample = _sample(chain, settings, step_s, decoding, self.min_share)
             chain = None
         if chain is None:
             chain = self.chains[wid] = _Chain()
@@ -111,20 +112,22 @@ def _extend(chain: _Chain, n: int, cached: int, gap_s: float) -> None:
 
 
 def alone_sample(
-    settings: SchedulerSettings, n: int, cached: int, ttft_s: float, step_s: float
-) -> ChainSample | None:
+    settings: SchedulerSettings, n: int, cached: int, ttft_s: float, step_s: float,
+    min_share: float = 0.0,
+) -> ChainSample | None:  # fmt: skip
     """A prompt that ran alone (a cold sample, ``cached`` reused) as a one-prompt chain:
     its TTFT less the overhead of the steps its prefill took, the part the queue walk adds
     on top of ``C(N) − C(K)`` (kept in, a short prompt's sample would read the step's
     overhead as prefill: 14 ms of a 25 ms TTFT on 374 tokens doubles ``a``)."""
     k = min(max(cached, 0), n)
     chain = _Chain(seconds=ttft_s, u=n - k, v=n * n - k * k, longest=n - k, steps=1)
-    return _sample(chain, settings, step_s, 0.0) if n > k else None
+    return _sample(chain, settings, step_s, 0.0, min_share) if n > k else None
 
 
 def _sample(
-    chain: _Chain, settings: SchedulerSettings, step_s: float, decoding: float
-) -> ChainSample | None:
+    chain: _Chain, settings: SchedulerSettings, step_s: float, decoding: float,
+    min_share: float = 0.0,
+) -> ChainSample | None:  # fmt: skip
     budget = settings.max_num_batched_tokens
     cap = settings.long_prefill_token_threshold or budget
     steps = max(
@@ -133,4 +136,6 @@ def _sample(
         chain.steps,
     )
     seconds = chain.seconds - steps * step_s
-    return ChainSample(chain.u, chain.v, seconds) if seconds > 0 else None
+    if seconds <= 0 or seconds < min_share * chain.seconds:
+        return None  # mostly the steps' overhead and decode: it says little of the prefill
+    return ChainSample(chain.u, chain.v, seconds)

@@ -27,7 +27,7 @@ Our own IRLS, not statsmodels ``RLM``: RLM has neither non-negativity nor per-sa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Generic, TypeVar
 
 import msgspec
@@ -484,6 +484,9 @@ class BusyChainFit(OnlinePrefillFit):
     def __init__(self, config: FitConfig, b: float = REFERENCE_B_S_PER_TOKEN2) -> None:
         super().__init__(config)
         self._b = b
+        # a weighted median, cheap: refit at every sample (a first, one-sample answer
+        # otherwise stands until refit_every more have come)
+        self._robust = replace(self._robust, refit_every=1)
 
     def observe_uv(self, u: float, v: float, seconds: float, ts: float) -> bool:
         return u > 0 and v >= 0 and self._add(float(u), seconds, ts, float(v))

@@ -52,7 +52,7 @@ class Learner:
         # in the index as cached there once their first token arrives.
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
         self.windows = DecodeWindows(config.decode_min_share)
-        self.chains = BusyChains(config.busy_chain_budgets)
+        self.chains = BusyChains(config.busy_chain_budgets, config.busy_chain_min_share)
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         self._observe_served(outcome, now_s)
@@ -74,6 +74,9 @@ class Learner:
         profile = self.book.profiles.get(outcome.worker_id)
         if profile is not None and profile.scheduler.max_num_seqs == 1:
             self._mark_busy(outcome.worker_id, outcome.ts)  # the next prompt starts after it
+        if profile is not None:  # a later step ended: a clean chain has all its prompts
+            clean = self.chains.close_clean(outcome.worker_id, profile.scheduler, outcome.ts)
+            self._feed_chain(outcome.worker_id, profile.config_hash, clean, now_s)
         queue.finished(outcome.request_id, outcome.ts)
         if self.config.decode_windows:
             if profile is not None:
@@ -130,7 +133,8 @@ class Learner:
         if chains and not profile.scheduler.chunked_prefill and not self.fits.has_cold_fit(wid):
             cost = step_cost(self.fits, wid)
             sample = alone_sample(profile.scheduler, graded.prompt_tokens, cached,
-                                  graded.actual_ttft_s, cost.step_overhead_s)  # fmt: skip
+                                  graded.actual_ttft_s, cost.step_overhead_s,
+                                  self.config.busy_chain_min_share)  # fmt: skip
             if sample is not None:
                 self.fits.observe_busy_chain(wid, profile.config_hash, sample.u, sample.v,
                                              sample.seconds, now_s)  # fmt: skip
@@ -216,9 +220,10 @@ class Learner:
         same_step = last == ts and entry.sent_at_s < last and chains.has(wid)
         if not same_step and not entry.sent_at_s < last < ts:
             chains.drop(wid)  # it may have paused: start afresh
-            if sent_idle and entry.sent_at_s < ts:  # … from its send, when nothing was ahead
-                chains.start_clean(wid, entry.prompt_tokens, entry.cached_tokens,
-                                   ts - entry.sent_at_s, ts, step_s, decoding)  # fmt: skip
+            ttft = outcome.actual_ttft_s  # the router's, from its send
+            if sent_idle and ttft is not None and ttft > 0:  # … from its send: nothing was ahead
+                chains.start_clean(wid, entry.prompt_tokens, entry.cached_tokens, ttft, ts,
+                                   step_s, decoding)  # fmt: skip
             return
         sample = chains.add(wid, profile.scheduler, entry.prompt_tokens, entry.cached_tokens,
                             ts - last, step_s, decoding)  # fmt: skip
