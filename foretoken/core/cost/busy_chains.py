@@ -40,15 +40,22 @@ class _Chain:
 
 @dataclass(frozen=True, slots=True)
 class ChainSample:
+    """A chain's prefill regressors and time: ``raw_s`` the gaps summed, ``seconds`` less
+    ``steps`` steps at the step cost given (``decoding`` requests decoding). The fit
+    subtracts again with the step cost current when it answers (the first samples come
+    while the step cost is still the default)."""
+
     u: float
     v: float
     seconds: float
+    raw_s: float = 0.0
+    steps: int = 0
+    decoding: float = 0.0
 
 
 @dataclass(slots=True)
 class BusyChains:
     budgets: float = 1.0
-    min_share: float = 0.0  # of a chain's gap its prefill must be, to be a sample
     chains: dict[WorkerId, _Chain] = field(default_factory=dict)
 
     def drop(self, wid: WorkerId) -> None:
@@ -78,7 +85,7 @@ class BusyChains:
         if chain is None or not chain.clean or not ts > chain.last_s:
             return None
         del self.chains[wid]
-        return _sample(chain, settings, chain.step_s, chain.decoding, self.min_share)
+        return _sample(chain, settings, chain.step_s, chain.decoding)
 
     def add(
         self, wid: WorkerId, settings: SchedulerSettings, n: int, cached: int, gap_s: float,
@@ -94,7 +101,7 @@ class BusyChains:
             and gap_s > 0
             and chain.u >= self.budgets * settings.max_num_batched_tokens
         ):
-            sample = _sample(chain, settings, step_s, decoding, self.min_share)
+            sample = _sample(chain, settings, step_s, decoding)
             chain = None
         if chain is None:
             chain = self.chains[wid] = _Chain()
@@ -112,22 +119,20 @@ def _extend(chain: _Chain, n: int, cached: int, gap_s: float) -> None:
 
 
 def alone_sample(
-    settings: SchedulerSettings, n: int, cached: int, ttft_s: float, step_s: float,
-    min_share: float = 0.0,
-) -> ChainSample | None:  # fmt: skip
+    settings: SchedulerSettings, n: int, cached: int, ttft_s: float, step_s: float
+) -> ChainSample | None:
     """A prompt that ran alone (a cold sample, ``cached`` reused) as a one-prompt chain:
     its TTFT less the overhead of the steps its prefill took, the part the queue walk adds
     on top of ``C(N) − C(K)`` (kept in, a short prompt's sample would read the step's
     overhead as prefill: 14 ms of a 25 ms TTFT on 374 tokens doubles ``a``)."""
     k = min(max(cached, 0), n)
     chain = _Chain(seconds=ttft_s, u=n - k, v=n * n - k * k, longest=n - k, steps=1)
-    return _sample(chain, settings, step_s, 0.0, min_share) if n > k else None
+    return _sample(chain, settings, step_s, 0.0) if n > k else None
 
 
 def _sample(
-    chain: _Chain, settings: SchedulerSettings, step_s: float, decoding: float,
-    min_share: float = 0.0,
-) -> ChainSample | None:  # fmt: skip
+    chain: _Chain, settings: SchedulerSettings, step_s: float, decoding: float
+) -> ChainSample | None:
     budget = settings.max_num_batched_tokens
     cap = settings.long_prefill_token_threshold or budget
     steps = max(
@@ -136,6 +141,6 @@ def _sample(
         chain.steps,
     )
     seconds = chain.seconds - steps * step_s
-    if seconds <= 0 or seconds < min_share * chain.seconds:
-        return None  # mostly the steps' overhead and decode: it says little of the prefill
-    return ChainSample(chain.u, chain.v, seconds)
+    if not chain.seconds > 0:
+        return None
+    return ChainSample(chain.u, chain.v, seconds, chain.seconds, steps, decoding)

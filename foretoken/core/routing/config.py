@@ -49,11 +49,6 @@ class PredictorConfig:
     # Busy-period prefill samples from chains of consecutive first tokens, each cut once its
     # prompts hold this many step budgets of new tokens (0: one sample per large prompt).
     busy_chain_budgets: float = 1.0
-    # … kept only when their prefill is at least this share of their gap: the rest is the
-    # steps' overhead and decode at the current (at first, the default) step cost, and a
-    # sample it dominates reads the default's error as prefill (374 tokens, 16 ms, 15 ms of
-    # default overhead: a 5.6x too low; 0.5 bounds that at 1.5x for an overhead 40% below).
-    busy_chain_min_share: float = 0.5
     seed: int = 0
     # Where a candidate's queue is walked: "native" (foretoken_native, bit-identical to the
     # Python walk, used for the fitted curves while it models the queue) or "python".

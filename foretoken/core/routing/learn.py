@@ -52,7 +52,7 @@ class Learner:
         # in the index as cached there once their first token arrives.
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
         self.windows = DecodeWindows(config.decode_min_share)
-        self.chains = BusyChains(config.busy_chain_budgets, config.busy_chain_min_share)
+        self.chains = BusyChains(config.busy_chain_budgets)
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         self._observe_served(outcome, now_s)
@@ -133,11 +133,8 @@ class Learner:
         if chains and not profile.scheduler.chunked_prefill and not self.fits.has_cold_fit(wid):
             cost = step_cost(self.fits, wid)
             sample = alone_sample(profile.scheduler, graded.prompt_tokens, cached,
-                                  graded.actual_ttft_s, cost.step_overhead_s,
-                                  self.config.busy_chain_min_share)  # fmt: skip
-            if sample is not None:
-                self.fits.observe_busy_chain(wid, profile.config_hash, sample.u, sample.v,
-                                             sample.seconds, now_s)  # fmt: skip
+                                  graded.actual_ttft_s, cost.step_overhead_s)  # fmt: skip
+            self._feed_chain(wid, profile.config_hash, sample, now_s)
         return True
 
     def remember_prompt(
@@ -233,8 +230,8 @@ class Learner:
         self, wid: WorkerId, config_hash: str, sample: ChainSample | None, now_s: float
     ) -> None:
         if sample is not None:
-            self.fits.observe_busy_chain(wid, config_hash, sample.u, sample.v, sample.seconds,
-                                         now_s)  # fmt: skip
+            self.fits.observe_busy_chain(wid, config_hash, sample.u, sample.v, sample.raw_s,
+                                         now_s, sample.steps, sample.decoding)  # fmt: skip
 
     def _mark_busy(self, wid: WorkerId, ts: float) -> None:
         if ts > self.busy_mark_s.get(wid, -math.inf):
