@@ -113,7 +113,18 @@ class FitConfig:
     # A worker still on a default curve or step cost predicts with the median of its fitted
     # peers' (same configuration, else same engine and version, else same model).
     pooled_priors: bool = True
-    busy_min_samples: int = 3  # a busy-chain fit answers from this many samples
+    # A busy-chain fit (``a`` alone, ``b`` fixed) answers from this many samples. One: a
+    # measured prompt, even a noisy chain, is nearer the truth than the default envelope
+    # (3-8x the simulator fleets' ``a``), and a burst can arrive before a third sample does
+    # (azure-code: every burst prediction on the default, within 1 s 12%).
+    busy_min_samples: int = 1
+    # A busy-chain sample answers only while its prefill — its time less its steps'
+    # overhead and decode at the current step cost — is at least this share of it (one the
+    # step cost dominates reads that cost's error as prefill). Off by default: the test
+    # is on the sample's own noisy time, so it keeps the slow ones — at 0.5, a came out
+    # 1.4-1.6x the truth on poisson-long/random-1/1.3 (cap 1024: many steps per chain)
+    # and the matrix's random-1 cells lost 8.6 points within 1 s (mean 73.3% vs 81.9%).
+    busy_min_share: float = 0.0
 
     def __post_init__(self) -> None:
         defaults = (self.default_a, self.default_b, self.default_overhead_s, self.default_per_seq_s)
@@ -472,34 +483,62 @@ class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
 
 class BusyChainFit(OnlinePrefillFit):
     """The prefill curve from busy chains (:mod:`foretoken.core.cost.busy_chains`): each
-    sample is the regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)`` of several prompts and
-    the seconds their prefill took. ``b`` is fixed (the reference deployment's), ``a`` is
-    the decayed weighted median of ``(seconds − b·v) / u``: robust to the heavy two-sided
-    noise of such samples, and needing no spread of N."""
+    sample is the regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)`` of several prompts, the
+    seconds the engine took over them and how many steps (with how many requests decoding)
+    those held. ``b`` is fixed (the reference deployment's), ``a`` is the decayed weighted
+    median of ``(seconds − steps·step − b·v) / u``: robust to the heavy two-sided noise of
+    such samples, and needing no spread of N. The steps are taken out with the step cost
+    the curve is asked with (:meth:`curve_with`, the one the queue walk adds to it), so the
+    first samples, taken while the step cost was still the default, are corrected once it
+    is learned; a sample whose prefill is below ``busy_min_share`` of its time then does
+    not answer."""
 
     def __init__(self, config: FitConfig, b: float = REFERENCE_B_S_PER_TOKEN2) -> None:
         super().__init__(config)
         self._b = b
+        self._steps = np.zeros(self._robust.window)
+        self._decoding = np.zeros(self._robust.window)
+        self._cache: tuple[tuple[float, float, int], PrefillCurve] | None = None
 
-    def observe_uv(self, u: float, v: float, seconds: float, ts: float) -> bool:
+    def observe_uv(self, u: float, v: float, seconds: float, ts: float, steps: int = 0,
+                   decoding: float = 0.0) -> bool:  # fmt: skip
+        slot = self._pushed % len(self._x)
+        self._steps[slot], self._decoding[slot] = steps, decoding
         return u > 0 and v >= 0 and self._add(float(u), seconds, ts, float(v))
 
     def _ready(self) -> bool:
         return self.samples >= self.config.busy_min_samples
 
-    def _refit(self) -> None:
+    def _refit(self) -> None:  # answered on demand (curve_with), from the window
         self._pending, self._value = 0, None
-        if not self._ready():
-            return
+
+    @property
+    def value(self) -> PrefillCurve:
+        return self.curve_with(0.0, 0.0)
+
+    def curve_with(self, overhead_s: float, per_seq_s: float) -> PrefillCurve:
+        """The curve with steps of ``overhead_s + per_seq_s × decoding`` taken out."""
+        key = (overhead_s, per_seq_s, self._pushed)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
         n, cfg = self.samples, self._robust
-        seq = self._seq[:n]
-        log2_weight = np.zeros(n)
-        if cfg.half_life_samples is not None:
-            log2_weight -= (seq.max() - seq) / cfg.half_life_samples
         u, v, y = self._x[:n], self._c[:n], self._y[:n]
-        a = max(_weighted_median((y - self._b * v) / u, np.exp2(log2_weight)), 0.0)
-        self._solution = _Solution(a, self._b, None, n)
-        self._version += 1
+        prefill = y - self._steps[:n] * (overhead_s + per_seq_s * self._decoding[:n])
+        keep = (prefill > 0) & (prefill >= self.config.busy_min_share * y)
+        kept = int(np.count_nonzero(keep))
+        if n == 0 or kept < self.config.busy_min_samples:
+            curve = PrefillCurve(*self._default, kept, 0, True)
+        else:
+            seq = self._seq[:n][keep]
+            log2_weight = np.zeros(kept)
+            if cfg.half_life_samples is not None:
+                log2_weight -= (seq.max() - seq) / cfg.half_life_samples
+            ratio = (prefill[keep] - self._b * v[keep]) / u[keep]
+            a = max(_weighted_median(ratio, np.exp2(log2_weight)), 0.0)
+            self._version += 1
+            curve = PrefillCurve(a, self._b, kept, self._version, False)
+        self._cache = (key, curve)
+        return curve
 
 
 class StepCostFit(_OnlineFit[StepCost]):

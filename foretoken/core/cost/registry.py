@@ -54,10 +54,21 @@ class WorkerFits:
 
     @property
     def curve(self) -> PrefillCurve:
+        return self.curve_with(self.step.cost)
+
+    def curve_with(self, step: StepCost) -> PrefillCurve:
+        """The curve, a busy-chain one with ``step`` (the step cost the walk adds to it)
+        taken out of its samples."""
         cold = self.prefill.curve
-        if cold.default and self.busy is not None and not self.busy.curve.default:
-            return self.busy.curve
-        return cold
+        busy = self.busy
+        if not cold.default or busy is None:
+            return cold
+        value = (
+            busy.curve_with(step.overhead_s, step.per_seq_s)
+            if isinstance(busy, BusyChainFit)
+            else busy.curve
+        )
+        return cold if value.default else value
 
     @property
     def source(self) -> str:
@@ -152,16 +163,18 @@ class FitRegistry:
 
     def observe_busy_chain(
         self, worker_id: WorkerId, config_hash: str, u: float, v: float, seconds: float,
-        ts: float,
+        ts: float, steps: int = 0, decoding: float = 0.0,
     ) -> bool:  # fmt: skip
         """A busy chain (:mod:`foretoken.core.cost.busy_chains`): consecutive first tokens
-        of a never-idle worker, their gaps summed less the steps' overhead and decode, and
-        the prompts' regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)``. Like busy samples, it
-        bootstraps a worker without cold samples (it replaces a per-prompt busy fit)."""
+        of a never-idle worker, their gaps summed (the fit subtracts ``steps`` steps'
+        overhead and decode of ``decoding`` requests at the worker's current step cost),
+        and the prompts' regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)``. Like busy
+        samples, it bootstraps a worker without cold samples (it replaces a per-prompt busy
+        fit)."""
         fits = self._for_sample(worker_id, config_hash)
         if not isinstance(fits.busy, BusyChainFit):
             fits.busy = BusyChainFit(self.config)
-        return fits.busy.observe_uv(u, v, seconds, ts)
+        return fits.busy.observe_uv(u, v, seconds, ts, steps, decoding)
 
     def observe_decode(
         self, worker_id: WorkerId, config_hash: str, tpot_s: float, mean_running: float, ts: float
@@ -219,7 +232,7 @@ class FitRegistry:
     def own_curve(self, worker_id: WorkerId) -> PrefillCurve:
         """The worker's own current prefill curve (the default without a fit)."""
         fits = self.fits(worker_id)
-        return self._default_curve if fits is None else fits.curve
+        return self._default_curve if fits is None else fits.curve_with(self.step_cost(worker_id))
 
     def has_cold_fit(self, worker_id: WorkerId) -> bool:
         """Whether the worker's current configuration has a fit from cold samples."""

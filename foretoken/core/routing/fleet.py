@@ -24,6 +24,9 @@ class WorkerBook:
         self.profiles: dict[WorkerId, WorkerProfile] = {}
         self.queues: dict[WorkerId, WorkerQueue] = {}
         self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
+        # sent when nothing waited or prefilled there and a seat was free: the engine starts
+        # on it at once (a busy chain's known start, :mod:`foretoken.core.cost.busy_chains`)
+        self.sent_idle: set[RequestId] = set()
 
     def apply(self, profile: WorkerProfile) -> None:
         """A registration: a new worker, new scheduler settings, or (``removed``) gone."""
@@ -73,7 +76,10 @@ class WorkerBook:
         if queue is None:
             return
         was_idle = self.idle(wid)
+        seat = self.has_capacity(wid)
         if queue.add(rid, sent_s, n, cached, expected):
+            if was_idle and seat:
+                self.sent_idle.add(rid)
             for other in queue.outstanding():
                 if other.request_id != rid and other.first_token_s is None:
                     self.alone[other.request_id] = False
@@ -85,5 +91,6 @@ class WorkerBook:
         for queue in self.queues.values():
             for rid in queue.expire(now_s, max_age_s):
                 self.alone.pop(rid, None)
+                self.sent_idle.discard(rid)
                 gone.append(rid)
         return gone

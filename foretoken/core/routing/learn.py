@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from foretoken.core.cost.busy_chains import BusyChains
+from foretoken.core.cost.busy_chains import BusyChains, ChainSample, alone_sample
 from foretoken.core.cost.decode_windows import DecodeWindows, Window
 from foretoken.core.cost.quantiles import TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
@@ -79,6 +79,9 @@ class Learner:
         profile = self.book.profiles.get(outcome.worker_id)
         if profile is not None and profile.scheduler.max_num_seqs == 1:
             self._mark_busy(outcome.worker_id, outcome.ts)  # the next prompt starts after it
+        if profile is not None:  # a later step ended: a clean chain has all its prompts
+            clean = self.chains.close_clean(outcome.worker_id, profile.scheduler, outcome.ts)
+            self._feed_chain(outcome.worker_id, profile.config_hash, clean, now_s)
         queue.finished(outcome.request_id, outcome.ts)
         if self.config.decode_windows:
             if profile is not None:
@@ -134,10 +137,14 @@ class Learner:
         assert graded.actual_ttft_s is not None
         self.fits.observe_cold(wid, profile.config_hash, graded.prompt_tokens,
                                graded.actual_ttft_s, now_s, cached)  # fmt: skip
-        if self.config.busy_chain_budgets > 0 and self.fits.own_curve(wid).default:
-            n, k = graded.prompt_tokens, min(cached, graded.prompt_tokens)
-            self.fits.observe_busy_chain(wid, profile.config_hash, n - k, n * n - k * k,
-                                         graded.actual_ttft_s, now_s)  # fmt: skip
+        # On a chunked engine the busy chains already took it, at its first token, as a
+        # clean chain (sent to an idle engine); a serial engine's come from here.
+        chains = self.config.busy_chain_budgets > 0
+        if chains and not profile.scheduler.chunked_prefill and not self.fits.has_cold_fit(wid):
+            cost = step_cost(self.fits, wid)
+            sample = alone_sample(profile.scheduler, graded.prompt_tokens, cached,
+                                  graded.actual_ttft_s, cost.step_overhead_s)  # fmt: skip
+            self._feed_chain(wid, profile.config_hash, sample, now_s)
         return True
 
     def remember_prompt(
@@ -182,10 +189,14 @@ class Learner:
         self._mark_busy(wid, outcome.ts)
         entry = queue.get(outcome.request_id)
         profile = self.book.profiles.get(wid)
-        if entry is None or profile is None or prev is None or entry.first_token_s is not None:
+        sent_idle = outcome.request_id in self.book.sent_idle
+        self.book.sent_idle.discard(outcome.request_id)
+        if entry is None or profile is None or entry.first_token_s is not None:
             return
         if self.config.busy_chain_budgets > 0 and profile.scheduler.chunked_prefill:
-            self._busy_chain(queue, outcome, entry, profile, prev, now_s)
+            self._busy_chain(queue, outcome, entry, profile, prev, sent_idle, now_s)
+            return
+        if prev is None:
             return
         if not entry.sent_at_s < prev < outcome.ts:
             return
@@ -198,26 +209,39 @@ class Learner:
 
     def _busy_chain(
         self, queue: WorkerQueue, outcome: RequestOutcome, entry: Outstanding,
-        profile: WorkerProfile, prev: float, now_s: float,
+        profile: WorkerProfile, prev: float | None, sent_idle: bool, now_s: float,
     ) -> None:  # fmt: skip
-        """Busy chains (:mod:`foretoken.core.cost.busy_chains`) on a chunked engine."""
+        """Busy chains (:mod:`foretoken.core.cost.busy_chains`) on a chunked engine; a
+        prompt sent to an idle engine starts a clean one, timed from its send."""
         wid, ts, chains = outcome.worker_id, outcome.ts, self.chains
         cost = step_cost(self.fits, wid)
-        if queue.admission_blocked(ts, cost):
-            chains.drop(wid)  # the gap holds steps waiting for KV blocks or a seat
-            return
-        same_step = prev == ts and entry.sent_at_s < prev and chains.has(wid)
-        if not same_step and not entry.sent_at_s < prev < ts:
-            chains.drop(wid)  # it may have paused: start afresh
-            return
         line = self.windows.lines.get(wid)
         decoding = line.decoding if line is not None else 0.0
         step_s = cost.step_overhead_s + cost.decode_s_per_seq * decoding
+        self._feed_chain(wid, profile.config_hash, chains.close_clean(wid, profile.scheduler, ts),
+                         now_s)  # fmt: skip
+        if queue.admission_blocked(ts, cost):
+            chains.drop(wid)  # the gap holds steps waiting for KV blocks or a seat
+            return
+        last = -math.inf if prev is None else prev
+        same_step = last == ts and entry.sent_at_s < last and chains.has(wid)
+        if not same_step and not entry.sent_at_s < last < ts:
+            chains.drop(wid)  # it may have paused: start afresh
+            ttft = outcome.actual_ttft_s  # the router's, from its send
+            if sent_idle and ttft is not None and ttft > 0:  # … from its send: nothing was ahead
+                chains.start_clean(wid, entry.prompt_tokens, entry.cached_tokens, ttft, ts,
+                                   step_s, decoding)  # fmt: skip
+            return
         sample = chains.add(wid, profile.scheduler, entry.prompt_tokens, entry.cached_tokens,
-                            ts - prev, step_s, decoding)  # fmt: skip
+                            ts - last, step_s, decoding)  # fmt: skip
+        self._feed_chain(wid, profile.config_hash, sample, now_s)
+
+    def _feed_chain(
+        self, wid: WorkerId, config_hash: str, sample: ChainSample | None, now_s: float
+    ) -> None:
         if sample is not None:
-            self.fits.observe_busy_chain(wid, profile.config_hash, sample.u, sample.v,
-                                         sample.seconds, now_s)  # fmt: skip
+            self.fits.observe_busy_chain(wid, config_hash, sample.u, sample.v, sample.raw_s,
+                                         now_s, sample.steps, sample.decoding)  # fmt: skip
 
     def _mark_busy(self, wid: WorkerId, ts: float) -> None:
         if ts > self.busy_mark_s.get(wid, -math.inf):

@@ -38,3 +38,23 @@ def test_a_dropped_chain_starts_afresh() -> None:
     chains.drop(W)
     assert not chains.has(W)
     assert chains.add(W, SETTINGS, 100, 0, 0.2, step_s=0.01, decoding=0) is None
+
+
+def test_a_clean_chain_is_a_sample_at_the_next_first_token_whatever_its_size() -> None:
+    """Started on an idle engine (timed from the send), a chain needs no step budget of
+    tokens; a prompt whose first token comes in the same step joins it first."""
+    chains = BusyChains(budgets=1.0)
+    chains.start_clean(W, 300, 100, 0.05, ts=1.0, step_s=0.01, decoding=2)
+    assert chains.close_clean(W, SETTINGS, ts=1.0) is None  # the same step: not closed yet
+    assert chains.add(W, SETTINGS, 150, 0, 0.0, step_s=0.5, decoding=9) is None  # joins
+    sample = chains.close_clean(W, SETTINGS, ts=1.2)
+    assert sample is not None and sample.u == 350 and sample.v == 300**2 - 100**2 + 150**2
+    # one step, at the step cost and decoders of the chain's start
+    assert sample.seconds == pytest.approx(0.05 - 0.01)
+    assert not chains.has(W) and chains.close_clean(W, SETTINGS, ts=2.0) is None
+
+
+def test_a_busy_chain_is_not_closed_as_a_clean_one() -> None:
+    chains = BusyChains(budgets=1.0)
+    chains.add(W, SETTINGS, 600, 0, 0.5, step_s=0.01, decoding=0)
+    assert chains.close_clean(W, SETTINGS, ts=5.0) is None and chains.has(W)

@@ -524,3 +524,25 @@ def test_busy_chain_fit_recovers_a_with_b_fixed_despite_two_sided_noise() -> Non
     curve = fit.refit()
     assert not curve.default and curve.b == b
     assert curve.a == pytest.approx(a, rel=0.1)
+
+
+def test_busy_chain_fit_takes_out_the_steps_at_the_step_cost_it_is_asked_with() -> None:
+    """Samples keep their raw time and steps: the same window answers for the step cost
+    current when asked (the first samples come while it is the default), and a sample
+    the steps dominate (prefill below busy_min_share of its time) does not answer."""
+    from foretoken.core.cost.fit import BusyChainFit, FitConfig
+
+    a, b, overhead = 2.0e-5, 3.7e-11, 0.003  # the engine's
+    fit = BusyChainFit(FitConfig(busy_min_share=0.5), b=b)
+    n = 374
+    assert fit.observe_uv(n, n * n, overhead + a * n + b * n * n, 0.0, steps=1)
+    # at the true overhead: a exactly; at a default 15 ms the 10.5 ms sample is dominated
+    assert fit.curve_with(overhead, 0.0).a == pytest.approx(a)
+    assert fit.curve_with(0.015, 0.0).default
+    n = 6000  # a long prompt over 3 steps with 4 decoding: the decode is taken out too
+    assert fit.observe_uv(n, n * n, 3 * (overhead + 4 * 1e-4) + a * n + b * n * n, 1.0, steps=3,
+                          decoding=4)  # fmt: skip
+    assert fit.curve_with(overhead, 1e-4).a == pytest.approx(a)
+    high = fit.curve_with(0.015, 0.0)
+    assert not high.default and high.samples == 1 and high.a < a  # only the long one answers
+    assert fit.curve_with(0.015, 0.0) is high  # cached until a sample or the step cost changes

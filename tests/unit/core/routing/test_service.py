@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from foretoken.core.cost.fit import REFERENCE_B_S_PER_TOKEN2
 from foretoken.core.index.prefix import PrefixIndex
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.service import RouteService
@@ -279,6 +280,8 @@ def test_a_worker_that_is_never_idle_learns_from_back_to_back_first_tokens() -> 
 
 
 def test_small_prompts_on_a_chunked_engine_give_no_busy_samples() -> None:
+    """Only the first prompt, sent to an idle engine, is a sample (a clean chain timed from
+    its send); the gaps of the small prompts queued behind it are not theirs alone."""
     p = _predictor(1)
     for k in range(12):
         req = RouteRequest(request_id=f"s{k}", model=MODEL, token_ids=tuple(range(500 + k)))
@@ -286,7 +289,27 @@ def test_small_prompts_on_a_chunked_engine_give_no_busy_samples() -> None:
     for k in range(12):
         p.on_outcome(Outcome(request_id=f"s{k}", ts=0.1 * (k + 1), kind="first_token",
                              worker_id="w0", actual_ttft_s=0.1 * (k + 1)), 1.0)  # fmt: skip
-    assert p.fits.describe()[0]["busy_observed"] == 0
+    assert p.fits.describe()[0]["busy_observed"] == 1
+
+
+def test_a_prompt_sent_to_an_idle_worker_is_a_sample_at_the_next_first_token() -> None:
+    """Cold start from one request: its TTFT less its steps' overhead (3000 tokens at a
+    2048-token budget: two) fits ``a`` (``b`` fixed) as soon as a later first token shows
+    that its last step held nothing else, before any completion or graded record."""
+    p = _predictor(1)
+    n, a = 3000, 4e-5
+    ttft = 2 * p.fits.step_cost("w0").overhead_s + a * n + REFERENCE_B_S_PER_TOKEN2 * n * n
+    p.route(RouteRequest(request_id="r0", model=MODEL, token_ids=tuple(range(n))).query(),
+            0.0, 0.0)  # fmt: skip
+    p.on_outcome(Outcome(request_id="r0", ts=ttft, kind="first_token", worker_id="w0",
+                         actual_ttft_s=ttft), ttft)  # fmt: skip
+    assert p.fits.curve("w0").default  # another prompt may still end in the same step
+    p.route(RouteRequest(request_id="r1", model=MODEL, token_ids=tuple(range(7, 600))).query(),
+            1.0, 1.0)  # fmt: skip
+    p.on_outcome(Outcome(request_id="r1", ts=1.05, kind="first_token", worker_id="w0",
+                         actual_ttft_s=0.05), 1.05)  # fmt: skip
+    curve = p.fits.curve("w0")
+    assert not curve.default and curve.a == pytest.approx(a, rel=1e-6)
 
 
 def test_on_a_one_sequence_engine_the_busy_gap_starts_at_the_previous_completion() -> None:
