@@ -157,6 +157,9 @@ class FitRegistry:
         other work (decode steps, a chunk done before) and so only bootstrap a worker that
         never gets a cold sample — one that is never idle, from its first request on."""
         fits = self._for_sample(worker_id, config_hash)
+        if isinstance(fits.busy, BusyChainFit):  # a chain of one prompt, in its regressors
+            k = min(max(cached_tokens, 0), n_tokens)
+            return fits.busy.observe_uv(n_tokens - k, n_tokens * n_tokens - k * k, seconds, ts)
         if fits.busy is None:
             fits.busy = OnlinePrefillFit(self.config)
         return fits.busy.observe(n_tokens, seconds, ts, cached_tokens)

@@ -546,3 +546,25 @@ def test_busy_chain_fit_takes_out_the_steps_at_the_step_cost_it_is_asked_with() 
     high = fit.curve_with(0.015, 0.0)
     assert not high.default and high.samples == 1 and high.a < a  # only the long one answers
     assert fit.curve_with(0.015, 0.0) is high  # cached until a sample or the step cost changes
+
+
+def test_a_busy_sample_after_a_busy_chain_feeds_the_chain_fit_in_its_regressors() -> None:
+    """A serial engine's busy samples (prompt, cached, seconds) land in the busy-chain fit a
+    graded cold sample may have started: as a chain of one prompt, u = N − K, v = N² − K²
+    (not N and K in place of u and v)."""
+    from foretoken.core.cost.fit import BusyChainFit
+
+    a, b = 3.0e-5, 3.7e-11  # b: the busy fit's fixed reference value
+    registry = FitRegistry()
+    registry.apply_registration(registration(W1, "h1"))
+    n0 = 10_000
+    assert registry.observe_busy_chain(W1, "h1", n0, n0 * n0, a * n0 + b * n0 * n0, 0.0)
+    for i, (n, k) in enumerate(
+        [(20_000, 10_000), (30_000, 16_000), (40_000, 24_000), (16_000, 8_000)]
+    ):
+        seconds = a * (n - k) + b * (n * n - k * k)
+        assert registry.observe_busy(W1, "h1", n, seconds, float(i + 1), cached_tokens=k)
+    fits = registry.fits(W1)
+    assert fits is not None and isinstance(fits.busy, BusyChainFit)
+    assert fits.busy.samples == 5
+    assert registry.curve(W1).a == pytest.approx(a, rel=0.02)
