@@ -13,7 +13,7 @@ CARGO := cd native && PYO3_PYTHON=$(abspath $(BIN)/python) cargo
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
 	$(wildcard native/src/*.rs)
 
-.PHONY: setup llama aiperf test test-suites unit lint demo bench clean kafka-up kafka-down native-test
+.PHONY: setup llama llama-prebuild aiperf test test-suites unit lint demo bench clean kafka-up kafka-down native-test
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) (Python >= 3.11) is needed"; exit 1; }
@@ -49,11 +49,15 @@ $(AIPERF_STAMP):
 aiperf: $(AIPERF_STAMP)
 
 # Unit and integration suites; starts a broker when none answers and stops what it started.
-# The broker starts before anything else competes for the CPU; a llama-cpp-python build, when
-# needed, then starts in the background (niced) and the llama.cpp integration test (run last)
-# waits for it.
-test: setup aiperf
+# A llama-cpp-python wheel build, when needed (~9 CPU-minutes), starts first, in the
+# background at the lowest priority, so that it overlaps the set-up's downloads and the unit
+# suite (one core each); the integration suites, which run several processes, come after the
+# unit suite (tests/conftest.py orders them), and the llama.cpp test, last, waits for the build.
+test: llama-prebuild setup aiperf
 	@foretoken/ops/with-kafka.sh $(MAKE) --no-print-directory test-suites
+
+llama-prebuild: $(STAMP)
+	@$(BIN)/python -m foretoken.ops.llama_wheel --background --build-only
 
 test-suites:
 	@$(BIN)/python -m foretoken.ops.llama_wheel --background

@@ -128,6 +128,14 @@ LAST_MODULES = ("test_llama_cpp.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The llama.cpp test runs last: ``make test`` builds llama-cpp-python in the background
-    when it is not cached (minutes), and the other suites overlap that build."""
-    items.sort(key=lambda item: item.path.name in LAST_MODULES)
+    """The unit and contract suites first, then the integration suites, the llama.cpp test
+    last: ``make test`` builds llama-cpp-python in the background when it is not cached
+    (~9 CPU-minutes at the lowest priority). The single-process unit suite leaves the build
+    the other core; the integration suites run several processes each (broker, worker,
+    engines, router) and some of them time real work, so they are better after the build."""
+    items.sort(
+        key=lambda item: (
+            item.path.name in LAST_MODULES,
+            item.get_closest_marker("integration") is not None,
+        )
+    )

@@ -8,6 +8,7 @@ tools; ``GGML_NATIVE=OFF`` keeps the wheel valid on any x86-64 machine with AVX2
 
     python ops/llama_wheel.py               # build if not cached, install into this Python
     python ops/llama_wheel.py --background  # the same, detached (log: .run/llama-wheel.log)
+    python ops/llama_wheel.py --background --build-only  # only the wheel, detached
     python ops/llama_wheel.py --check       # exit 0 iff installed at the pinned version
     python ops/llama_wheel.py --build-only
 
@@ -38,7 +39,11 @@ from pathlib import Path
 # Keep in step with the ``llama`` extra in pyproject.toml.
 VERSION = "0.3.16"
 GGUF_VERSION = "0.17.1"
-CMAKE_ARGS = "-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF"
+# No multimodal library (LLAVA_BUILD: mtmd, ~20% of the build's CPU; the server loads it only
+# for a chat handler with a vision model, which the engines here never use).
+CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAVA_BUILD=OFF"
+)
 PACKAGE = "llama-cpp-python"
 BACKGROUND_LOG = Path(".run/llama-wheel.log")
 LOCK_POLL_S = 2.0
@@ -142,15 +147,21 @@ def ensure_installed(timeout_s: float = 3600.0) -> str:
     return found
 
 
-def start_background() -> None:
+def start_background(build_only: bool = False) -> None:
     """Detach a build+install (if one is needed) and return at once. The build runs at the
     lowest CPU priority: the suites it overlaps have real-time parts (simulated engines whose
-    measured TTFTs the fits learn from) that must not be slowed down by a compiler."""
-    if installed_version() == VERSION:
+    measured TTFTs the fits learn from) that must not be slowed down by a compiler.
+
+    ``build_only``: only the wheel, into the cache (``make test`` starts it before the rest of
+    the set-up, whose pip installs into the same venv must not race an install; the install
+    comes later, from a second call, after waiting for this build's lock)."""
+    if installed_version() == VERSION or (build_only and cached_wheel(wheel_dir())):
         return
     BACKGROUND_LOG.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "foretoken.ops.llama_wheel"]
+    cmd += ["--build-only"] if build_only else []
     with BACKGROUND_LOG.open("ab") as log:
-        subprocess.Popen([sys.executable, "-m", "foretoken.ops.llama_wheel"], stdout=log,
+        subprocess.Popen(cmd, stdout=log,
                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                          start_new_session=True, preexec_fn=lambda: os.nice(19))  # fmt: skip
     print(f"{PACKAGE}: building in the background (log: {BACKGROUND_LOG})", flush=True)
@@ -170,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 0 if installed_version() == VERSION else 1
     if args.background:
-        start_background()
+        start_background(build_only=args.build_only)
         return 0
     if args.build_only:
         with build_lock(3600.0):
