@@ -18,6 +18,8 @@ use crate::worker::Worker;
 
 pub const FIRST_CHUNK_BLOCKS: usize = 64;
 pub const MAX_CHUNK_BLOCKS: usize = 1024;
+/// How many blocks ahead the walk prefetches the fastest tier's table slot.
+pub const PREFETCH_AHEAD: usize = 8;
 
 pub enum Source<'a> {
     /// Precomputed own hashes.
@@ -205,7 +207,18 @@ fn walk_chunk(matched: &mut Matched, words: &mut [WordWalk<'_>], start: usize) {
         }
         let multi = w.tables.len() > 1;
         let mut carry = w.alive;
-        for i in start..matched.hashes.len() {
+        let end = matched.hashes.len();
+        // The fastest table's slot of the block PREFETCH_AHEAD on is loaded while this one
+        // is matched: in a table larger than the caches each probe is a miss, and the walk
+        // would otherwise wait for them one after the other.
+        let fastest = w.tables[0].1;
+        for &own in &matched.hashes[start..end.min(start + PREFETCH_AHEAD)] {
+            fastest.prefetch(own);
+        }
+        for i in start..end {
+            if let Some(&ahead) = matched.hashes.get(i + PREFETCH_AHEAD) {
+                fastest.prefetch(ahead);
+            }
             let own = matched.hashes[i];
             let mut grid = [0u64; 4];
             let mut union = 0u64;
