@@ -124,13 +124,14 @@ def faust_worker(
     stop(proc)
 
 
-LAST_MODULES = ("test_llama_cpp.py",)
+LAST_MODULES = ("test_aiperf.py", "test_llama_cpp.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The unit and contract suites first, then the integration suites, the llama.cpp test
-    last: ``make test`` builds llama-cpp-python in the background when it is not cached
-    (~9 CPU-minutes at the lowest priority). The single-process unit suite leaves the build
+    """The unit and contract suites first, then the integration suites, the aiperf and
+    llama.cpp tests last: ``make test`` installs aiperf (~2.5 CPU-minutes) and builds
+    llama-cpp-python (~7 CPU-minutes) in the background, at the lowest priority, when they
+    are not there yet. The single-process unit suite leaves the build
     the other core; the integration suites run several processes each (broker, worker,
     engines, router) and some of them time real work, so they are better after the build."""
     items.sort(

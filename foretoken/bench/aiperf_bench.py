@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,33 @@ class Load:
     timeout_s: float = 300.0
 
 
+# `make test` installs aiperf in the background under this lock (Makefile: aiperf-background).
+INSTALL_LOCK = AIPERF_VENV.parent / ".run" / "aiperf-install.lock"
+
+
+def wait_for_install(timeout_s: float = 1800.0, poll_s: float = 2.0) -> None:
+    """Wait while a background install holds :data:`INSTALL_LOCK` (no lock file: return)."""
+    if not INSTALL_LOCK.exists():
+        return
+    deadline = time.monotonic() + timeout_s
+    with INSTALL_LOCK.open("a") as fh:
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                if time.monotonic() > deadline:
+                    msg = f"aiperf's install held {INSTALL_LOCK} > {timeout_s} s"
+                    raise TimeoutError(msg) from exc
+                time.sleep(poll_s)
+                continue
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return
+
+
 def aiperf_binary() -> str:
-    """``$FORETOKEN_AIPERF``, else the project's ``.venv-aiperf``, else ``aiperf`` on PATH."""
+    """``$FORETOKEN_AIPERF``, else the project's ``.venv-aiperf``, else ``aiperf`` on PATH
+    (after any background install of it has finished)."""
+    wait_for_install()
     for candidate in (os.environ.get(AIPERF_ENV), str(AIPERF_VENV / "bin" / "aiperf"),
                       shutil.which("aiperf")):  # fmt: skip
         if candidate and Path(candidate).is_file():

@@ -69,7 +69,7 @@ class DemoPlan:
         """``--quick`` (the CI smoke run): a short warm-up and slice, well under 3 minutes
         with the broker's start. Files under the state directory, whatever the cwd."""
         run_dir = (settings.state_path / "demo").resolve()
-        return cls(run_dir, 10.0, 30.0) if quick else cls(run_dir)
+        return cls(run_dir, 6.0, 24.0) if quick else cls(run_dir)
 
     @property
     def lake_dir(self) -> Path:
