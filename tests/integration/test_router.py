@@ -235,8 +235,11 @@ def test_default_retries_honour_retry_after_only_when_waiting_helps(stack: Stack
         first = grants[rid]
         if first.admitted:
             continue  # the queue drained faster than this test could fill it
-        assert first.retry_after_s is not None
-        helps = first.already_waited_s + first.retry_after_s < 5.0
+        # No advised delay: the queue is predicted to outlast the bound (fits learned on a
+        # loaded machine can be that slow), so waiting cannot help and the 429 said so.
+        helps = first.retry_after_s is not None and (
+            first.already_waited_s + first.retry_after_s < 5.0
+        )
         if waited == "4.5":
             assert not helps
         later, _ = asyncio.run(_collect(stack.worker.settings, {rid, f"{rid}~2"},
@@ -245,6 +248,7 @@ def test_default_retries_honour_retry_after_only_when_waiting_helps(stack: Stack
             assert f"{rid}~2" not in later  # told not to, the client did not retry
             continue
         second = later[f"{rid}~2"]
+        assert first.retry_after_s is not None
         assert second.ts - first.ts >= 0.9 * first.retry_after_s  # the client waited as told
         assert second.already_waited_s >= first.retry_after_s * 0.9  # and it counts
 
