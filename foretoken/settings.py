@@ -60,7 +60,9 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True):
     bootstrap_servers: str = "127.0.0.1:9092"
     external: bool = False
     kafka_version: str = "4.1.1"
-    heap: str = "-Xms256m -Xmx512m"
+    # 512m ran out with ~15,000 partitions (topics of many test runs accumulated in one
+    # broker); the heap is committed only as it is used.
+    heap: str = "-Xms256m -Xmx1g"
     start_timeout_s: float = 240.0
     # Every service waits this long at start for its topics to exist and have leaders
     # (streams/readiness.py), then stops with an error naming what it waited for.

@@ -47,16 +47,44 @@ def private_broker_config(tmp: Path) -> PrivateBroker:
     return PrivateBroker(config, f"127.0.0.1:{port}", env)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The controlling process (pytest-xdist's, or the only one) notes whether a broker
+    answered before the run: if a worker process starts one, the controller stops it."""
+    if not hasattr(config, "workerinput"):
+        from foretoken.ops.kafka_local import accepts_connections
+
+        config.stash[_BROKER_WAS_UP] = accepts_connections(load_settings().kafka.bootstrap_servers)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_BROKER_WAS_UP, True) or not config.pluginmanager.hasplugin("xdist"):
+        return
+    from foretoken.ops import kafka_local
+
+    kafka_local.down(load_settings())  # the local one a worker started (none: a no-op)
+
+
+_BROKER_WAS_UP = pytest.StashKey[bool]()
+
+
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[Settings]:
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     """A reachable broker: $KAFKA_BOOTSTRAP_SERVERS, one already running, or one started
-    here (and stopped at the end of the session)."""
+    here (under a lock: pytest-xdist's processes share it). A single process stops the one
+    it started at the end of its session; with several, the controller stops it once all
+    are done (:func:`pytest_unconfigure`)."""
+    import fcntl
+
     from foretoken.ops import kafka_local
 
     base = load_settings()
-    _status, started = kafka_local.up(base)  # none started when one answers
+    lock_path = tmp_path_factory.getbasetemp().parent / "kafka-up.lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _status, started = kafka_local.up(base)  # none started when one answers
+        fcntl.flock(lock, fcntl.LOCK_UN)
     yield base
-    if started:
+    if started and not os.environ.get("PYTEST_XDIST_WORKER"):
         kafka_local.down(base)
 
 
@@ -131,9 +159,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The unit and contract suites first, then the integration suites, the aiperf and
     llama.cpp tests last: ``make test`` installs aiperf (~2.5 CPU-minutes) and builds
     llama-cpp-python (~7 CPU-minutes) in the background, at the lowest priority, when they
-    are not there yet. The single-process unit suite leaves the build
-    the other core; the integration suites run several processes each (broker, worker,
-    engines, router) and some of them time real work, so they are better after the build."""
+    are not there yet, and those two tests wait for them. The integration suites time real
+    work (engines whose measured TTFTs the fits learn from), so they are better late, when
+    the build is over or nearly. pytest-xdist hands modules out in this order."""
     items.sort(
         key=lambda item: (
             item.path.name in LAST_MODULES,

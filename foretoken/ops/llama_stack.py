@@ -96,8 +96,9 @@ def start_llama_stack(
                 return stack
             time.sleep(0.3)
         raise TimeoutError("the worker never saw the llama.cpp engines' registrations")
-    except BaseException:
+    except BaseException as exc:
         stack.stop_all()
+        exc.add_note(f"logs of the stack's processes ({run_dir}):\n{stack.logs()}")
         raise
 
 

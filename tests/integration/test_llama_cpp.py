@@ -29,7 +29,7 @@ from foretoken.ops.llama_stack import LlamaStack, fit_quadratic, random_text, st
 from foretoken.ops.llama_stack import stream_completion as complete
 from foretoken.ops.llama_wheel import ensure_installed
 from foretoken.settings import Settings
-from foretoken.sim.live.llama_server import LlamaServerConfig, llama_cpp_installed
+from foretoken.sim.live.llama_server import LlamaServerConfig
 
 # Long timeout: on a machine without the cached wheel, the first test's fixture waits for the
 # llama-cpp-python build that `make test` started in the background (minutes).
@@ -46,8 +46,9 @@ LOW, HIGH, ALLOWANCE_S = 0.6, 1.6, 0.05
 def stack(
     kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LlamaStack]:
-    if not llama_cpp_installed():  # builds once (cached), or waits for `make test`'s build
-        ensure_installed()
+    # Always through the build lock: `make test`'s background install holds it, and while
+    # pip is still writing the package the import checks can already pass.
+    ensure_installed()  # builds once (cached), or waits for `make test`'s build and install
     env = {"FORETOKEN_TOPIC_PREFIX": kafka_settings.topic_prefix, "FORETOKEN_LOG_LEVEL": "warn",
            "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.kafka.bootstrap_servers}  # fmt: skip
     run_dir = tmp_path_factory.mktemp("llama")
