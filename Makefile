@@ -73,12 +73,15 @@ llama-prebuild: $(STAMP)
 
 # Two pytest processes (pytest-xdist), each taking whole modules: most integration tests wait
 # on real processes, a broker and timers (a suite run used ~45% of the 2 cores), so two at a
-# time took the integration suites from ~12 to ~8 minutes here.
+# time took the integration suites from ~12 to ~8 minutes here. Tests marked `alone` (the
+# llama.cpp engine's timing) run afterwards, by themselves.
 TEST_PROCESSES ?= 2
 test-suites:
 	@$(BIN)/python -m foretoken.ops.llama_wheel --background
 	$(CARGO) test -q --no-default-features
-	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile tests native/tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile -m "not alone" \
+	  tests native/tests
+	$(BIN)/pytest -q -p no:cacheprovider -m alone tests
 
 unit: setup
 	$(BIN)/pytest -q -m "not integration" tests native/tests

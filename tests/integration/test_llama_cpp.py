@@ -33,7 +33,9 @@ from foretoken.sim.live.llama_server import LlamaServerConfig
 
 # Long timeout: on a machine without the cached wheel, the first test's fixture waits for the
 # llama-cpp-python build that `make test` started in the background (minutes).
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+# alone: the fit's samples and the engine's own curve are measured minutes apart; with
+# another test process beside it the engine ran 2.2x slower in one of them (a fresh CI run).
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.timeout(2400)]
 N_CTX = 8704
 SIZES = (512, 1024, 2048, 3072, 4096, 6144, 8192)
 # The learned curve must land near the engine's measured one at every size: the fit sees
@@ -141,16 +143,22 @@ def test_fit_learns_the_engines_curve(stack: LlamaStack) -> None:
     wid = stack.llamas[0].worker_id
     deadline = time.monotonic() + 120
     fit: dict[str, object] = stack.fits()[wid]
-    while time.monotonic() < deadline and fit["default"]:
+    # Judged once the curve comes from cold samples (8 at least): before that a busy-chain
+    # bootstrap answers (`a` alone, `b` fixed near 0), which this engine's quadratic cost
+    # puts 2x low at 8k tokens.
+    while time.monotonic() < deadline and fit["source"] != "cold":
         for n in rng.sample(list(SIZES), len(SIZES)):  # one at a time: each alone
             complete(stack.router_url, stack.model, random_text(rng, n))
         time.sleep(1.0)
         fit = stack.fits()[wid]
-    assert not fit["default"], f"the fit never left the default: {fit}"
+    assert fit["source"] == "cold" and not fit["default"], f"no cold fit: {fit}"
     for n in (1024, 4096, 8192):
         fitted = float(fit["a"]) * n + float(fit["b"]) * n * n  # type: ignore[arg-type]
         engine = a * n + b * n * n
-        assert LOW * engine <= fitted <= HIGH * engine + ALLOWANCE_S, (n, fitted, engine, fit)
+        assert LOW * engine <= fitted <= HIGH * engine + ALLOWANCE_S, (
+            f"{n} tokens: fitted {fitted:.3f} s, engine {engine:.3f} s; fit {fit}; "
+            f"measured {measured}"
+        )
 
 
 def post_json(url: str, body: dict[str, object]) -> dict[str, Any]:
