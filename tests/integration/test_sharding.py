@@ -131,7 +131,9 @@ async def _route(url: str, model: str) -> RouteResponse:
 
 
 async def _owner_first(settings: Settings, models: list[str], urls: list[str]) -> list[str]:
-    """What a router discovering route services from ``members`` asks first, per model."""
+    """What a router discovering route services from ``members`` asks first, per model,
+    once its view has settled (up to 30 s): a member's record from before the partitions
+    were split (one instance held all four) may be read before its newer one."""
     router_settings = msgspec.structs.replace(
         settings, router=msgspec.structs.replace(settings.router, route_members=True),
         worker=msgspec.structs.replace(settings.worker, app_id=f"sharded-{settings.topic_prefix}"),
@@ -141,10 +143,15 @@ async def _owner_first(settings: Settings, models: list[str], urls: list[str]) -
         await client.start(session)
         try:
             deadline = time.monotonic() + 30
-            while len(client.services) < 2 and time.monotonic() < deadline:
+            first: list[str] = []
+            while time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
                 await client.check(session)
-            return [client.order(m, None)[0].url for m in models]
+                if len(client.services) >= 2:
+                    first = [client.order(m, None)[0].url for m in models]
+                    if first == urls:
+                        break
+            return first
         finally:
             await client.stop()
 
