@@ -49,7 +49,7 @@ def private_broker_config(tmp: Path) -> PrivateBroker:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The controlling process (pytest-xdist's, or the only one) notes whether a broker
-    answered before the run: if a worker process starts one, the controller stops it."""
+    answered before the run: if one of its processes starts one, it stops it at the end."""
     if not hasattr(config, "workerinput"):
         from foretoken.ops.kafka_local import accepts_connections
 
@@ -57,22 +57,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if config.stash.get(_BROKER_WAS_UP, True) or not config.pluginmanager.hasplugin("xdist"):
+    if config.stash.get(_BROKER_WAS_UP, True):
         return
     from foretoken.ops import kafka_local
 
-    kafka_local.down(load_settings())  # the local one a worker started (none: a no-op)
+    kafka_local.down(load_settings())  # the local one the session started (none: a no-op)
 
 
 _BROKER_WAS_UP = pytest.StashKey[bool]()
 
 
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """A reachable broker: $KAFKA_BOOTSTRAP_SERVERS, one already running, or one started
-    here (under a lock: pytest-xdist's processes share it). A single process stops the one
-    it started at the end of its session; with several, the controller stops it once all
-    are done (:func:`pytest_unconfigure`)."""
+    here (under a lock: pytest-xdist's processes share it), which the controlling process
+    stops once every process is done (:func:`pytest_unconfigure`)."""
     import fcntl
 
     from foretoken.ops import kafka_local
@@ -81,11 +80,9 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     lock_path = tmp_path_factory.getbasetemp().parent / "kafka-up.lock"
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        _status, started = kafka_local.up(base)  # none started when one answers
+        kafka_local.up(base)  # none started when one answers
         fcntl.flock(lock, fcntl.LOCK_UN)
-    yield base
-    if started and not os.environ.get("PYTEST_XDIST_WORKER"):
-        kafka_local.down(base)
+    return base
 
 
 @pytest.fixture(scope="module")

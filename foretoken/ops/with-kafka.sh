@@ -13,11 +13,13 @@ if [ "${1:-}" = "--fresh" ]; then
   shift
   if ! "$ft" kafka status >/dev/null 2>&1; then
     fresh=$(mktemp -d "${TMPDIR:-/tmp}/foretoken-kafka.XXXXXX")
-    export FORETOKEN_STATE_DIR="$fresh"
   fi
 fi
-state=$("$ft" kafka up) || { echo "error: no Kafka broker (see the message above)" >&2; exit 1; }
-unset FORETOKEN_STATE_DIR
+if [ -n "$fresh" ]; then  # only the broker's own commands see the temporary state dir
+  state=$(FORETOKEN_STATE_DIR="$fresh" "$ft" kafka up)
+else
+  state=$("$ft" kafka up)
+fi || { echo "error: no Kafka broker (see the message above)" >&2; exit 1; }
 if [ "$state" = "started" ]; then
   if [ -n "$fresh" ]; then
     trap 'FORETOKEN_STATE_DIR="$fresh" "$ft" kafka down; rm -rf "$fresh"' EXIT
