@@ -179,7 +179,9 @@ def test_time_already_waited_does_not_put_a_worker_into_admission(stack: Stack) 
         assert "admission" not in stages(stack).values()
         time.sleep(0.5)
     tails = [t["tail_queue_s"] for t in get_json(f"{stack.worker.url}/v1/controls")["tracks"]]
-    assert all(t is None or t < 3.0 for t in tails), tails
+    # Counted, the 100 s already waited would put the tail near 100 s; the real queue of
+    # these requests is well under that, but on a loaded 2-core machine it reached 3.9 s.
+    assert all(t is None or t < 30.0 for t in tails), tails
     assert [complete(stack, 200 + i) for i in range(8)] == [200] * 8
 
 
