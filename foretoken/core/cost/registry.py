@@ -11,8 +11,12 @@ values of its closest peers — the workers registered with the same configurati
 the same engine and version, else the same model — instead of the conservative default; its
 own fit takes over as soon as it has one. Such a value is still flagged ``default``.
 A group's median is computed once per change of the registry (``_generation``, bumped by every
-observation, registration and restore) and shared by every worker of the group: a route
-call reads one cached value per worker instead of re-reading every peer's fit.
+observation, registration and restore; a pooled step cost once per decode sample,
+registration or restore) and shared by every worker of the group. Each worker's
+(curve, step cost) is itself answered once per change of what it depends on — its own
+observations, the pooled values it took — so a route call's candidates mostly read a
+remembered answer (``tests/unit/core/cost/test_registry_answers.py`` holds it equal to a
+fresh one).
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ class RegistrySnapshot(msgspec.Struct, frozen=True):
     entries: list[_EntryState]
 
 
+_OWN: Final = object()  # an answer that took no pooled value
+
 _CURVE_COLUMNS: Final = ("a", "b", "samples", "version", "default", "stderr_a", "stderr_b")
 _STEP_COLUMNS: Final = ("overhead_s", "per_seq_s", "stderr_overhead_s", "stderr_per_seq_s")
 
@@ -118,14 +124,19 @@ class FitRegistry:
         self._clock = 0
         # pooled medians per (kind of value, peer group), valid while _generation is unchanged
         self._generation = 0
-        self._pool_cache: dict[tuple[object, ...], tuple[float, float] | None] = {}
-        self._pool_generation = -1
+        self._step_generation = 0  # … and by every decode sample, registration and restore
+        self._pool_cache: dict[tuple[object, ...], tuple[int, tuple[float, float] | None]] = {}
+        # per worker: its answered (curve, step cost) and what they were answered at
+        self._answers: dict[WorkerId, tuple[int, object, object, PrefillCurve, StepCost]] = {}
+        self._changes: dict[WorkerId, int] = {}  # observations per worker
         self._default_curve = OnlinePrefillFit(config).curve
         self._default_step = StepCostFit(config).cost
 
     def apply_registration(self, registration: WorkerProfile) -> None:
         """A registration sets the worker's current configuration; ``removed`` forgets it."""
         self._generation += 1
+        self._step_generation += 1
+        self._answers.clear()
         worker = registration.worker_id
         if registration.removed:
             for key in [key for key in self._fits if key[0] == worker]:
@@ -183,10 +194,12 @@ class FitRegistry:
         self, worker_id: WorkerId, config_hash: str, tpot_s: float, mean_running: float, ts: float
     ) -> bool:
         """A decode sample (:class:`StepCostFit`); False if it was ignored."""
+        self._step_generation += 1
         return self._for_sample(worker_id, config_hash).step.observe(tpot_s, mean_running, ts)
 
     def _for_sample(self, worker: WorkerId, config_hash: str) -> WorkerFits:
         self._generation += 1  # every observation may change a fit
+        self._changes[worker] = self._changes.get(worker, 0) + 1
         new = (worker, config_hash) not in self._fits
         if worker not in self._registered and (new or worker not in self._current):
             self._current[worker] = config_hash
@@ -219,23 +232,61 @@ class FitRegistry:
     def curve(self, worker_id: WorkerId) -> PrefillCurve:
         """The worker's current prefill curve (pooled, else the default, for a worker
         without a fit of its own)."""
-        curve = self.own_curve(worker_id)
-        if not curve.default or not self.config.pooled_priors:
-            return curve
-        pooled = self._pooled(worker_id, "curve", self.own_curve, ("a", "b"))
-        return curve if pooled is None else replace(curve, a=pooled[0], b=pooled[1])
+        return self._answer(worker_id)[0]
 
     def step_cost(self, worker_id: WorkerId) -> StepCost:
+        return self._answer(worker_id)[1]
+
+    def _answer(self, worker_id: WorkerId) -> tuple[PrefillCurve, StepCost]:
+        """The worker's (curve, step cost), answered again only when what they depend on
+        changed: its own fits (an observation of the worker) or a pooled value it took."""
+        changes = self._changes.get(worker_id, 0)
+        memo = self._answers.get(worker_id)
+        if (
+            memo is not None
+            and memo[0] == changes
+            and (memo[1] is _OWN or memo[1] == self._pooled_step(worker_id))
+            and (memo[2] is _OWN or memo[2] == self._pooled_curve(worker_id))
+        ):
+            return memo[3], memo[4]
+        pooling = self.config.pooled_priors
+        step = self.own_step_cost(worker_id)
+        step_input: object = _OWN
+        if step.default and pooling:
+            step_input = pooled = self._pooled_step(worker_id)
+            if pooled is not None:
+                step = replace(step, overhead_s=pooled[0], per_seq_s=pooled[1])
+        fits = self.fits(worker_id)
+        curve = self._default_curve if fits is None else fits.curve_with(step)
+        curve_input: object = _OWN
+        if curve.default and pooling:
+            curve_input = pooled = self._pooled_curve(worker_id)
+            if pooled is not None:
+                curve = replace(curve, a=pooled[0], b=pooled[1])
+        self._answers[worker_id] = (changes, step_input, curve_input, curve, step)
+        return curve, step
+
+    def _pooled_step(self, worker_id: WorkerId) -> tuple[float, float] | None:
+        return self._pooled(worker_id, "step", self.own_step_cost, ("overhead_s", "per_seq_s"))
+
+    def _pooled_curve(self, worker_id: WorkerId) -> tuple[float, float] | None:
+        return self._pooled(worker_id, "curve", self.own_curve, ("a", "b"))
+
+    def _step_or_pooled(self, worker_id: WorkerId) -> StepCost:
         step = self.own_step_cost(worker_id)
         if not step.default or not self.config.pooled_priors:
             return step
-        pooled = self._pooled(worker_id, "step", self.own_step_cost, ("overhead_s", "per_seq_s"))
+        pooled = self._pooled_step(worker_id)
         return step if pooled is None else replace(step, overhead_s=pooled[0], per_seq_s=pooled[1])
 
     def own_curve(self, worker_id: WorkerId) -> PrefillCurve:
         """The worker's own current prefill curve (the default without a fit)."""
         fits = self.fits(worker_id)
-        return self._default_curve if fits is None else fits.curve_with(self.step_cost(worker_id))
+        return (
+            self._default_curve
+            if fits is None
+            else fits.curve_with(self._step_or_pooled(worker_id))
+        )
 
     def has_cold_fit(self, worker_id: WorkerId) -> bool:
         """Whether the worker's current configuration has a fit from cold samples."""
@@ -267,16 +318,16 @@ class FitRegistry:
         """The median of the closest peer group with fitted values. Only called for a worker
         without a fit of its own, so whether the group includes the worker itself does not
         change the median: the value is one per group (model, configuration / engine), cached
-        until the registry changes."""
+        until the registry changes (a step cost's until a decode sample, a registration or a
+        restore: nothing else changes a step fit or a group)."""
         kind = self._kind.get(worker_id)
         if kind is None:
             return None
-        if self._pool_generation != self._generation:
-            self._pool_cache.clear()
-            self._pool_generation = self._generation
+        generation = self._step_generation if what == "step" else self._generation
         key = (what, kind, self._current.get(worker_id))
-        if key in self._pool_cache:
-            return self._pool_cache[key]
+        known = self._pool_cache.get(key)
+        if known is not None and known[0] == generation:
+            return known[1]
         value: tuple[float, float] | None = None
         for group in self.peers(worker_id):
             fitted = [v for v in map(own, group) if not v.default]
@@ -284,7 +335,7 @@ class FitRegistry:
                 first, second = (median(getattr(v, n) for v in fitted) for n in names)
                 value = first, second
                 break
-        self._pool_cache[key] = value
+        self._pool_cache[key] = (generation, value)
         return value
 
     def describe(self) -> list[dict[str, object]]:
@@ -321,6 +372,8 @@ class FitRegistry:
         if snap.version != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported fit snapshot version {snap.version}")
         self._generation += 1
+        self._step_generation += 1
+        self._answers.clear()
         self._fits = {}
         for e in snap.entries:
             fits = WorkerFits(OnlinePrefillFit(self.config), StepCostFit(self.config), e.introduced)

@@ -183,7 +183,11 @@ class InFlightEstimate:
         """The queue's recorded future, replayed again only when the simulation or the
         cost changed since the last one."""
         future = self._future
-        if future is None or self._future_version != self._version or future.cost != cost:
+        if (
+            future is None
+            or self._future_version != self._version
+            or (future.cost is not cost and future.cost != cost)
+        ):
             future = native_walk.record_estimate(self._scheduler, self.settings, now_s, cost)
             if future is None:  # a cost or a queue the native walk does not model
                 scheduler, tokens_ahead = self._replay_copy()

@@ -105,6 +105,7 @@ class WorkerQueue:
         self._kv = kv  # the engine's KV capacity, when the worker reported it
         self._memory = memory
         self._requests: dict[RequestId, Outstanding] = {}
+        self._decoding = 0  # of those, how many had their first token
         self._finished: dict[RequestId, None] = {}  # insertion-ordered, bounded
         self._early_first_tokens: dict[RequestId, float] = {}
         self._pending: list[_Event] = []
@@ -143,6 +144,7 @@ class WorkerQueue:
         early_s = self._early_first_tokens.pop(request_id, None)
         if early_s is not None:
             entry.first_token_s = early_s
+            self._decoding += 1
             self._push(early_s, _FIRST_TOKEN, entry)
         return True
 
@@ -156,6 +158,7 @@ class WorkerQueue:
         if entry.first_token_s is not None:
             return False
         entry.first_token_s = t
+        self._decoding += 1
         self._push(t, _FIRST_TOKEN, entry)
         return True
 
@@ -166,6 +169,7 @@ class WorkerQueue:
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return False
+        self._decoding -= entry.first_token_s is not None
         self._push(t, _FINISH, entry)
         return True
 
@@ -174,7 +178,7 @@ class WorkerQueue:
         cutoff_s = now_s - max_age_s
         expired = [rid for rid, entry in self._requests.items() if entry.sent_at_s < cutoff_s]
         for request_id in expired:
-            del self._requests[request_id]
+            self._decoding -= self._requests.pop(request_id).first_token_s is not None
             _remember(self._finished, request_id, None, self._memory)
             self._estimate.remove(request_id)
         if expired:
@@ -221,7 +225,12 @@ class WorkerQueue:
     @property
     def decoding_count(self) -> int:
         """Requests whose first token was seen and whose completion was not."""
-        return sum(1 for e in self._requests.values() if e.first_token_s is not None)
+        return self._decoding
+
+    @property
+    def unstarted_count(self) -> int:
+        """Requests whose first token was not seen yet (waiting or prefilling)."""
+        return len(self._requests) - self._decoding
 
     @property
     def running_count(self) -> int:
@@ -307,6 +316,7 @@ class WorkerQueue:
                 item.expected_output_tokens,
                 item.first_token_s,
             )
+            queue._decoding += item.first_token_s is not None
         queue._finished = dict.fromkeys(RequestId(rid) for rid in state.finished)
         queue._early_first_tokens = {RequestId(r): t for r, t in state.early_first_tokens}
         queue._rebuild()

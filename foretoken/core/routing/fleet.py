@@ -55,7 +55,7 @@ class WorkerBook:
 
     def idle(self, wid: WorkerId) -> bool:
         """Nothing waiting or prefilling there (requests only decoding are allowed)."""
-        return all(o.first_token_s is not None for o in self.queues[wid].outstanding())
+        return self.queues[wid].unstarted_count == 0
 
     def has_capacity(self, wid: WorkerId) -> bool:
         """Room for one more running sequence (what the engine will let in)."""
