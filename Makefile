@@ -11,7 +11,7 @@ NATIVE_STAMP := $(VENV)/.native-installed
 export CARGO_BUILD_JOBS ?= 2
 CARGO := cd native && PYO3_PYTHON=$(abspath $(BIN)/python) cargo
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
-	$(wildcard native/src/*.rs)
+	$(wildcard native/src/*.rs native/src/*/*.rs)
 
 .PHONY: setup llama llama-prebuild aiperf aiperf-background test test-suites unit lint demo bench clean kafka-up kafka-down native-test
 
