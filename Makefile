@@ -91,7 +91,9 @@ unit: setup
 native-test: setup
 	$(CARGO) test -q --no-default-features
 
+# check_sizes: no tracked *.py, *.rs, *.sql or *.sh over 600 lines (docs/CONVENTIONS.md, rule 7).
 lint: setup
+	$(BIN)/python -m foretoken.ops.check_sizes
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy foretoken tests
