@@ -11,7 +11,7 @@ NATIVE_STAMP := $(VENV)/.native-installed
 export CARGO_BUILD_JOBS ?= 2
 CARGO := cd native && PYO3_PYTHON=$(abspath $(BIN)/python) cargo
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
-	$(wildcard native/src/*.rs)
+	$(wildcard native/src/*.rs native/src/*/*.rs)
 
 .PHONY: setup llama llama-prebuild aiperf aiperf-background test test-suites unit lint demo bench clean kafka-up kafka-down native-test
 
@@ -91,7 +91,9 @@ unit: setup
 native-test: setup
 	$(CARGO) test -q --no-default-features
 
+# check_sizes: no tracked *.py, *.rs, *.sql or *.sh over 600 lines (docs/CONVENTIONS.md, rule 7).
 lint: setup
+	$(BIN)/python -m foretoken.ops.check_sizes
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy foretoken tests

@@ -1,5 +1,5 @@
 """The queue's recorded future, replayed and walked in Rust (``foretoken_native.QueueFuture``,
-``native/src/queue.rs``): the same steps, the same floating-point operations in the same
+``native/src/queue/``): the same steps, the same floating-point operations in the same
 order as :class:`~foretoken.core.queue.future.Future` over the scheduler of
 :mod:`foretoken.core.queue.scheduler`, so the predictions are bit-identical
 (``tests/unit/core/queue/test_native_walk.py``).
@@ -47,7 +47,7 @@ Decoder = tuple[int, int, int]
 Waiting = tuple[int, int, int, int]
 
 # What the port models: the Python queue model's settings, step cost, KV model, sequence and
-# scheduler state, new request and stretch as they were when native/src/queue.rs was last
+# scheduler state, new request and stretch as they were when native/src/queue/ was last
 # brought level. When the Python model gains anything (a setting, a cost term, a field of a
 # sequence or of the scheduler), MODELED is False and every walk runs on the Python
 # reference until the port is brought level (tests/unit/core/queue/test_native_walk.py

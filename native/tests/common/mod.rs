@@ -190,6 +190,16 @@ pub fn lookup_with(
         .collect()
 }
 
+/// An exact hit of `tokens` tokens, `gpu` of them on the GPU.
+pub fn hit(block_size: u32, tokens: u64, gpu: u64) -> Hit {
+    Hit {
+        block_size,
+        tokens,
+        tiers: [gpu, 0, 0, 0],
+        approximate: false,
+    }
+}
+
 pub fn tokens_of(hit: &Hit) -> BTreeMap<&'static str, u64> {
     TIERS
         .iter()

@@ -1,14 +1,14 @@
-"""The native recorded future (core/queue/native_walk.py, native/src/queue.rs) against the
+"""The native recorded future (core/queue/native_walk.py, native/src/queue/) against the
 Python reference (core/queue/future.py over core/queue/scheduler.py): on random queues and
 costs, the recorded stretches, the end and drain times and every new request's prediction
 are *equal* — not approximately: the port computes the same floating-point operations in
 the same order.
 
 When these tests are skipped ("the native walk is off"), the Python queue model gained
-something (a setting, a cost term, a sequence or scheduler field) that native/src/queue.rs
+something (a setting, a cost term, a sequence or scheduler field) that native/src/queue/
 does not know (``native_walk.python_model() != native_walk.PORTED``): every walk has fallen
 back to the Python reference (answers unchanged, the route path slower; ``foretoken bench
-route`` reports ``native_walk: false``). Port the change to queue.rs, then update
+route`` reports ``native_walk: false``). Port the change to native/src/queue/, then update
 ``native_walk.PORTED``."""
 
 from __future__ import annotations
