@@ -4,7 +4,8 @@
 //! with the walk of a new request through it ([`queue`]). The PyO3 bindings live in `py`
 //! (feature `python`, on by default; maturin builds the module `foretoken_native`).
 
-// `unsafe` is denied everywhere but in `prefetch`, whose one block carries its proof.
+// `unsafe` is denied everywhere but in `prefetch` and `py::args::u64_of`, whose one block each
+// carries its proof.
 #![deny(unsafe_code)]
 
 pub mod flat;

@@ -3,7 +3,8 @@
 //! into a table far larger than the caches costs one miss; forty independent ones issued
 //! at once cost little more than one).
 //!
-//! The crate's only `unsafe`, proven sound below.
+//! One of the crate's two `unsafe` blocks (the other reads a Python int in `py::args`),
+//! proven sound below.
 
 #![allow(unsafe_code)]
 

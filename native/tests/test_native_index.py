@@ -257,3 +257,35 @@ def test_salt_changes_every_hash() -> None:
     assert salted.salt == b"s"
     prompt = toks(2)
     assert plain.hash_prompt(M, BS, prompt).tolist() != salted.hash_prompt(M, BS, prompt).tolist()
+
+
+def test_hashes_and_token_ids_as_python_ints_at_their_bounds() -> None:
+    """Ints are read through a fast path for exact ints: the same values as packed bytes
+    (64-bit hashes up to 2^64 − 1, token ids up to 2^32 − 1), the same refusals outside
+    them, and int subclasses (bool, IntEnum-like) read the slow way alike."""
+
+    class Hash(int):
+        pass
+
+    top = 2**64 - 1
+    ids = [0, 2**32 - 1, 7, 8]
+    as_bytes = fresh("a")
+    as_bytes.apply_batch("a", M, 1, 0, [
+        ("stored", u64s([top, 5]), top - 1, packed(ids), BS), ("removed", u64s([5])),
+    ], 0.0)  # fmt: skip
+    for container in (tuple, list):
+        as_ints = fresh("a")
+        as_ints.apply_batch("a", M, 1, 0, [
+            ("stored", container([top, Hash(5)]), top - 1, container(ids), BS),
+            ("removed", container([Hash(5)])),
+        ], 0.0)  # fmt: skip
+        assert as_ints.snapshot() == as_bytes.snapshot()
+    for bad in ([-1], [2**64], [top + 1, 1]):
+        for container in (tuple, list):
+            with pytest.raises(OverflowError):
+                fresh("a").apply_batch("a", M, 1, 0, [("removed", container(bad))], 0.0)
+    with pytest.raises(OverflowError):
+        fresh("a").apply_batch("a", M, 1, 0, [("stored", [1], -5, packed(ids[:2]), BS)], 0.0)
+    for bad_id in (-1, 2**32):
+        with pytest.raises((ValueError, OverflowError)):
+            fresh("a").apply_batch("a", M, 1, 0, [("stored", (1,), None, (bad_id, 1), BS)], 0.0)
