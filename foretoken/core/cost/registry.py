@@ -100,6 +100,21 @@ class RegistrySnapshot(msgspec.Struct, frozen=True):
 
 _OWN: Final = object()  # an answer that took no pooled value
 
+
+@dataclass(slots=True)
+class _Answer:
+    """A worker's remembered (curve, step cost): its observation count when answered, and
+    each pooled value it took (``_OWN``: none) with the generation it was last checked at."""
+
+    changes: int
+    curve: PrefillCurve
+    step: StepCost
+    step_pool: object
+    step_seen: int
+    curve_pool: object
+    curve_seen: int
+
+
 _CURVE_COLUMNS: Final = ("a", "b", "samples", "version", "default", "stderr_a", "stderr_b")
 _STEP_COLUMNS: Final = ("overhead_s", "per_seq_s", "stderr_overhead_s", "stderr_per_seq_s")
 
@@ -127,7 +142,7 @@ class FitRegistry:
         self._step_generation = 0  # … and by every decode sample, registration and restore
         self._pool_cache: dict[tuple[object, ...], tuple[int, tuple[float, float] | None]] = {}
         # per worker: its answered (curve, step cost) and what they were answered at
-        self._answers: dict[WorkerId, tuple[int, object, object, PrefillCurve, StepCost]] = {}
+        self._answers: dict[WorkerId, _Answer] = {}
         self._changes: dict[WorkerId, int] = {}  # observations per worker
         self._default_curve = OnlinePrefillFit(config).curve
         self._default_step = StepCostFit(config).cost
@@ -232,39 +247,55 @@ class FitRegistry:
     def curve(self, worker_id: WorkerId) -> PrefillCurve:
         """The worker's current prefill curve (pooled, else the default, for a worker
         without a fit of its own)."""
-        return self._answer(worker_id)[0]
+        return self.answer(worker_id)[0]
 
     def step_cost(self, worker_id: WorkerId) -> StepCost:
-        return self._answer(worker_id)[1]
+        return self.answer(worker_id)[1]
 
-    def _answer(self, worker_id: WorkerId) -> tuple[PrefillCurve, StepCost]:
+    def answer(self, worker_id: WorkerId) -> tuple[PrefillCurve, StepCost]:
         """The worker's (curve, step cost), answered again only when what they depend on
-        changed: its own fits (an observation of the worker) or a pooled value it took."""
-        changes = self._changes.get(worker_id, 0)
-        memo = self._answers.get(worker_id)
-        if (
-            memo is not None
-            and memo[0] == changes
-            and (memo[1] is _OWN or memo[1] == self._pooled_step(worker_id))
-            and (memo[2] is _OWN or memo[2] == self._pooled_curve(worker_id))
-        ):
-            return memo[3], memo[4]
+        changed: its own fits (an observation of the worker) or a pooled value it took
+        (read again only when the registry changed since it was last checked)."""
+        known = self._answers.get(worker_id)
+        if known is not None and known.changes == self._changes.get(worker_id, 0):
+            if known.step_pool is not _OWN and known.step_seen != self._step_generation:
+                if known.step_pool != self._pooled_step(worker_id):
+                    known = None
+                else:
+                    known.step_seen = self._step_generation
+            if (
+                known is not None
+                and known.curve_pool is not _OWN
+                and known.curve_seen != self._generation
+            ):
+                if known.curve_pool != self._pooled_curve(worker_id):
+                    known = None
+                else:
+                    known.curve_seen = self._generation
+            if known is not None:
+                return known.curve, known.step
+        answer = self._answer_afresh(worker_id)
+        self._answers[worker_id] = answer
+        return answer.curve, answer.step
+
+    def _answer_afresh(self, worker_id: WorkerId) -> _Answer:
         pooling = self.config.pooled_priors
         step = self.own_step_cost(worker_id)
-        step_input: object = _OWN
+        step_pool: object = _OWN
         if step.default and pooling:
-            step_input = pooled = self._pooled_step(worker_id)
+            step_pool = pooled = self._pooled_step(worker_id)
             if pooled is not None:
                 step = replace(step, overhead_s=pooled[0], per_seq_s=pooled[1])
         fits = self.fits(worker_id)
         curve = self._default_curve if fits is None else fits.curve_with(step)
-        curve_input: object = _OWN
+        curve_pool: object = _OWN
         if curve.default and pooling:
-            curve_input = pooled = self._pooled_curve(worker_id)
+            curve_pool = pooled = self._pooled_curve(worker_id)
             if pooled is not None:
                 curve = replace(curve, a=pooled[0], b=pooled[1])
-        self._answers[worker_id] = (changes, step_input, curve_input, curve, step)
-        return curve, step
+        changes = self._changes.get(worker_id, 0)
+        return _Answer(changes, curve, step, step_pool, self._step_generation, curve_pool,
+                       self._generation)  # fmt: skip
 
     def _pooled_step(self, worker_id: WorkerId) -> tuple[float, float] | None:
         return self._pooled(worker_id, "step", self.own_step_cost, ("overhead_s", "per_seq_s"))

@@ -82,8 +82,7 @@ class Predictions:
         # per worker: the step cost built for its current (curve, step) fit values
         self._costs: dict[WorkerId, tuple[PrefillCurve, StepCost, CurveStepCost]] = {}
 
-    def _cost(self, wid: WorkerId, curve: PrefillCurve) -> CurveStepCost:
-        step = self.fits.step_cost(wid)
+    def _cost(self, wid: WorkerId, curve: PrefillCurve, step: StepCost) -> CurveStepCost:
         known = self._costs.get(wid)
         if known is not None and known[0] is curve and known[1] is step:
             return known[2]
@@ -120,9 +119,9 @@ class Predictions:
                 load_costs = self.config.tier_load_s_per_token
                 load_s = sum(load_costs.get(t, 0.0) * tiers.get(t, 0) for t in LOWER_TIERS)
             deepest = deepest_tier(hit)
-        curve = self.fits.curve(wid)
+        curve, step = self.fits.answer(wid)
         result = self.book.queues[wid].predict(
-            NewRequest(n, cached, out), now_s, self._cost(wid, curve)
+            NewRequest(n, cached, out), now_s, self._cost(wid, curve, step)
         )
         prefill = curve.own_prefill_s(n, cached) + load_s
         ttft = max(result.ttft_s + load_s, prefill)
