@@ -78,7 +78,7 @@ def python_model() -> dict[str, frozenset[str]]:
         "settings": frozenset(SchedulerSettings.__struct_fields__),
         "cost": frozenset(f.name for f in fields(CurveStepCost)),
         "kv": frozenset(f.name for f in fields(KvModel)),
-        "new_request": frozenset(f.name for f in fields(NewRequest)),
+        "new_request": frozenset(NewRequest.__struct_fields__),
         "stretch": frozenset(f.name for f in fields(Stretch)),
         "seq": frozenset(_Seq.__slots__),
         "scheduler": frozenset(vars(_Scheduler(SchedulerSettings(), retire=False))),

@@ -41,6 +41,8 @@ from itertools import compress
 from operator import attrgetter
 from typing import Final, Literal, Protocol
 
+import msgspec
+
 from foretoken.core.types import SchedulerSettings
 
 # Output tokens a sequence is assumed to have left when its estimate has run out.
@@ -121,8 +123,10 @@ class QueueState:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class NewRequest:
+class NewRequest(msgspec.Struct, frozen=True, gc=False):
+    """A request asked about (a msgspec Struct: one is built per candidate of every route
+    call, ~10x cheaper than a frozen dataclass)."""
+
     prompt_tokens: int
     cached_tokens: int = 0
     # Output tokens it reserves KV blocks for (only read with a :class:`KvModel`).
@@ -146,8 +150,7 @@ class KvModel:
         return max(min(total, self.gpu_blocks), 1)
 
 
-@dataclass(frozen=True, slots=True)
-class QueuePrediction:
+class QueuePrediction(msgspec.Struct, frozen=True, gc=False):
     """A prediction: ``queue_wait_s + prefill_s == ttft_s`` (the wait clamped at 0)."""
 
     queue_wait_s: float

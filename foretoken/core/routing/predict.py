@@ -6,8 +6,8 @@ scheduler with the settings the worker reported)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from foretoken.core.cost.fit import PrefillCurve, StepCost
@@ -40,8 +40,7 @@ def deepest_tier(hit: CacheHit) -> Tier | None:
     return "GPU" if hit.gpu_tokens else None
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(msgspec.Struct, frozen=True, gc=False):
     prediction: CandidatePrediction
     cached_tokens: int
 

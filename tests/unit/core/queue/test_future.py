@@ -3,9 +3,8 @@ queue's recorded steps gives what a full replay with the request in it gives."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import hypothesis.strategies as st
+import msgspec
 import pytest
 from hypothesis import given
 
@@ -104,7 +103,7 @@ def test_the_walk_stays_exact_when_admission_waits_for_kv_blocks(
     )
     for now_s in (NOW + d for d in later):
         for new in news:
-            new = dataclasses.replace(new, output_tokens=output)
+            new = msgspec.structs.replace(new, output_tokens=output)
             walked = future.first_token(new, now_s)
             full = simulate_until_first_token(settings_, state, new, now_s, cost, kv)
             assert walked.steps == full.steps
