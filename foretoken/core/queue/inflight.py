@@ -64,6 +64,8 @@ class InFlightEstimate:
     def advance(self, until_s: float, cost: StepCost) -> None:
         """Simulate every step that starts before ``until_s`` (the last may end after it)."""
         scheduler = self._scheduler
+        if scheduler.free_at_s >= until_s:  # no step starts before until_s
+            return
         before = (scheduler.steps, scheduler.free_at_s)
         while scheduler.run_stretch(cost, until_s):
             pass

@@ -148,7 +148,7 @@ class Decider:
             candidates = sorted(candidates, key=lambda c: c.prediction.worker_id not in owned)
         for c in candidates:
             wid = c.prediction.worker_id
-            if not self.fits.has_cold_fit(wid) and self.book.idle(wid) and self.meets(query, c):
+            if self.book.idle(wid) and not self.fits.has_cold_fit(wid) and self.meets(query, c):
                 return c
         return None
 
