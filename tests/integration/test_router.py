@@ -164,47 +164,6 @@ def _refused(grants: list[dict[str, Any]]) -> list[tuple[object, object]]:
     return [(g.get("worker_id"), g.get("reject_reason")) for g in grants if not g["admitted"]]
 
 
-# Before the overload test: its overload trips the latency controls, whose shedding (per
-# class and worker, whatever the bound) would then refuse some of the work placed ahead here.
-def test_default_retries_honour_retry_after_only_when_waiting_helps(stack: Stack) -> None:
-    """Work queued ahead (placed through the route service itself, so it does not depend on
-    how fast a loaded machine sends it), then a request its bound cannot wait for. When the
-    advised delay still fits the bound, the openai client retries after it and the retry is a
-    new attempt whose waited time counts; when it does not (4.5 s of 5 s already waited),
-    the 429 says ``x-should-retry: false`` and the client does not retry."""
-    # ~7k-token prompts on every worker (small-offload holds 8k)
-    ahead = _place_ahead(stack, 24, 7_000, 700)
-    assert not _refused(ahead), _refused(ahead)
-    for waited in ("0", "4.5"):
-        rid = f"retry-{uuid.uuid4().hex[:6]}"
-        with contextlib.suppress(openai.RateLimitError):  # the retry may be admitted or not
-            _client(stack, retries=1).completions.create(
-                model=MODEL, prompt=_prompt(500, 9), max_tokens=2,
-                extra_headers={"x-max-queue-wait-s": "5", "x-already-waited-s": waited,
-                               "x-request-id": rid},
-            )  # fmt: skip
-        grants, _ = asyncio.run(_collect(stack.worker.settings, {rid}, 30.0))
-        first = grants[rid]
-        if first.admitted:
-            continue  # the queue drained faster than this test could fill it
-        # No advised delay: the queue is predicted to outlast the bound (fits learned on a
-        # loaded machine can be that slow), so waiting cannot help and the 429 said so.
-        helps = first.retry_after_s is not None and (
-            first.already_waited_s + first.retry_after_s < 5.0
-        )
-        if waited == "4.5":
-            assert not helps
-        later, _ = asyncio.run(_collect(stack.worker.settings, {rid, f"{rid}~2"},
-                                        10.0 if helps else 3.0))  # fmt: skip
-        if not helps:
-            assert f"{rid}~2" not in later  # told not to, the client did not retry
-            continue
-        second = later[f"{rid}~2"]
-        assert first.retry_after_s is not None
-        assert second.ts - first.ts >= 0.9 * first.retry_after_s  # the client waited as told
-        assert second.already_waited_s >= first.retry_after_s * 0.9  # and it counts
-
-
 def test_overload_with_tight_bounds(stack: Stack) -> None:
     ids = [f"ov-{uuid.uuid4().hex[:8]}" for _ in range(60)]
     # Timed on the wire (httpx's hooks: request sent → response headers), not around the SDK
@@ -260,6 +219,45 @@ def test_overload_with_tight_bounds(stack: Stack) -> None:
     ]
     met = sum(1 for t in ttfts if t is not None and t <= 5.0)
     assert met >= 0.9 * len(served), f"only {met}/{len(served)} admitted requests met 5 s"
+
+
+def test_default_retries_honour_retry_after_only_when_waiting_helps(stack: Stack) -> None:
+    """Work queued ahead (placed through the route service itself, so it does not depend on
+    how fast a loaded machine sends it), then a request its bound cannot wait for. When the
+    advised delay still fits the bound, the openai client retries after it and the retry is a
+    new attempt whose waited time counts; when it does not (4.5 s of 5 s already waited),
+    the 429 says ``x-should-retry: false`` and the client does not retry."""
+    # ~7k-token prompts on every worker (small-offload holds 8k)
+    ahead = _place_ahead(stack, 24, 7_000, 700)
+    assert not _refused(ahead), _refused(ahead)
+    for waited in ("0", "4.5"):
+        rid = f"retry-{uuid.uuid4().hex[:6]}"
+        with contextlib.suppress(openai.RateLimitError):  # the retry may be admitted or not
+            _client(stack, retries=1).completions.create(
+                model=MODEL, prompt=_prompt(500, 9), max_tokens=2,
+                extra_headers={"x-max-queue-wait-s": "5", "x-already-waited-s": waited,
+                               "x-request-id": rid},
+            )  # fmt: skip
+        grants, _ = asyncio.run(_collect(stack.worker.settings, {rid}, 30.0))
+        first = grants[rid]
+        if first.admitted:
+            continue  # the queue drained faster than this test could fill it
+        # No advised delay: the queue is predicted to outlast the bound (fits learned on a
+        # loaded machine can be that slow), so waiting cannot help and the 429 said so.
+        helps = first.retry_after_s is not None and (
+            first.already_waited_s + first.retry_after_s < 5.0
+        )
+        if waited == "4.5":
+            assert not helps
+        later, _ = asyncio.run(_collect(stack.worker.settings, {rid, f"{rid}~2"},
+                                        10.0 if helps else 3.0))  # fmt: skip
+        if not helps:
+            assert f"{rid}~2" not in later  # told not to, the client did not retry
+            continue
+        second = later[f"{rid}~2"]
+        assert first.retry_after_s is not None
+        assert second.ts - first.ts >= 0.9 * first.retry_after_s  # the client waited as told
+        assert second.already_waited_s >= first.retry_after_s * 0.9  # and it counts
 
 
 def test_with_the_worker_stopped_the_router_falls_back(stack: Stack) -> None:
