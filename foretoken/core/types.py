@@ -345,10 +345,14 @@ class RequestOutcome(msgspec.Struct, kw_only=True, frozen=True):
     output_tokens: int | None = None
     e2e_s: float | None = None
     error: str | None = None
+    # A decode step's time from the stream's gaps between output tokens
+    # (:func:`foretoken.core.cost.samples.decode_step_s`); streams of ≥ 3 tokens only.
+    decode_step_s: float | None = None
 
     def __post_init__(self) -> None:
         check_finite("actual_ttft_s", self.actual_ttft_s)
         check_finite("e2e_s", self.e2e_s)
+        check_finite("decode_step_s", self.decode_step_s)
         if self.kind == "first_token" and self.status == "ok" and self.actual_ttft_s is None:
             raise ValueError("a first_token outcome carries actual_ttft_s")
 

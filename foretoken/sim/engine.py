@@ -43,6 +43,7 @@ request that could never fit is refused at ``submit`` with :class:`RequestTooLar
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from foretoken.core.cost.samples import decode_step_s
 from foretoken.core.types import EngineBlockHash, RequestId, WorkerId
 from foretoken.sim.prefix_cache import CacheHit, KvCacheEvent, KvEventDetail, PrefixCache, TokenIds
 from foretoken.sim.spec import EngineSpec
@@ -91,6 +93,8 @@ class Finished:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    # A decode step's time from the gaps between its tokens (core.cost.samples.decode_step_s).
+    decode_step_s: float | None = None
 
 
 class ScheduledChunk(NamedTuple):
@@ -167,6 +171,7 @@ class _Request:
     num_computed: int = 0
     output_tokens: int = 0
     hit: CacheHit | None = None
+    first_step: int = -1  # index of its first token's step end in the engine's log
 
     @property
     def num_tokens(self) -> int:
@@ -220,6 +225,7 @@ class EngineModel:
         self._running: list[_Request] = []
         self._requests: dict[RequestId, _Request] = {}
         self._busy_until_s = -math.inf
+        self._step_ends = array("d")  # every step's end, for the requests' token gaps
 
     # ------------------------------------------------------------------ state
 
@@ -338,6 +344,7 @@ class EngineModel:
         duration_s, stalled = self._duration_s(plan)
         end_s = now_s + duration_s
         self._busy_until_s = end_s
+        self._step_ends.append(end_s)
         chunks = tuple(
             ScheduledChunk(request.request_id, start, num_tokens, prefill)
             for request, start, num_tokens, prefill, _ in plan
@@ -372,6 +379,7 @@ class EngineModel:
         steps_left = min(r.max_tokens - r.output_tokens for r in running)
         ends, stalls = self._run_times(now_s, until_s, size, first_context, steps_left)
         count = len(ends)
+        self._step_ends.extend(ends)
         kv_events = self._run_commits(count)
         finished: list[Finished] = []
         end_s = ends[-1]
@@ -551,6 +559,7 @@ class EngineModel:
             request.output_tokens += 1
             tokens.append(request.request_id)
             if prefill:
+                request.first_step = len(self._step_ends) - 1
                 first_tokens.append(self._first_token(request, end_s))
             if request.output_tokens >= request.max_tokens:
                 finished.append(self._finish(request, end_s))
@@ -573,10 +582,14 @@ class EngineModel:
     def _finish(self, request: _Request, end_s: float) -> Finished:
         self.cache.free(request.request_id)
         del self._requests[request.request_id]
+        # Every step from its first token on gave it a token (nothing is preempted).
+        first = request.first_step
+        step_s = decode_step_s(np.diff(self._step_ends[first:]).tolist()) if first >= 0 else None
         return Finished(
             request_id=request.request_id,
             time_s=end_s,
             arrival_s=request.arrival_s,
             prompt_tokens=request.prompt_tokens,
             output_tokens=request.output_tokens,
+            decode_step_s=step_s,
         )

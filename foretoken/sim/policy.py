@@ -192,6 +192,7 @@ class FinishedSeen:
     e2e_s: float
     t_s: float
     error: str | None = None
+    decode_step_s: float | None = None  # a decode step from its token gaps
 
 
 # ---------------------------------------------------------------------------- decisions

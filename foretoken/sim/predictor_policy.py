@@ -191,6 +191,7 @@ class PredictorPolicy:
             actual_ttft_s=self._ttft.pop(seen.request_id, None),
             engine_cached_tokens=self._cached.pop(seen.request_id, None),
             output_tokens=seen.output_tokens, e2e_s=seen.e2e_s, error=seen.error,
+            decode_step_s=seen.decode_step_s,
         )  # fmt: skip
         self._outcome(outcome, seen.t_s)
 

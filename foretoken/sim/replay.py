@@ -374,9 +374,9 @@ class _Replay:
         self._record(flight, "served", **_served_outcome(flight, done))
         self.ledger.record_finished(done.request_id)
         e2e_s = done.time_s - done.arrival_s
-        self.policy.on_finished(
-            FinishedSeen(done.request_id, worker_id, done.output_tokens, e2e_s, at_s)
-        )
+        seen = FinishedSeen(done.request_id, worker_id, done.output_tokens, e2e_s, at_s,
+                            decode_step_s=done.decode_step_s)  # fmt: skip
+        self.policy.on_finished(seen)
 
 
 def _progress_bar(enabled: bool) -> Progress:

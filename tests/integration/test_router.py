@@ -71,6 +71,23 @@ def test_streaming_and_not_through_the_router(stack: Stack) -> None:
         c.completions.create(model="nope", prompt="x")
 
 
+def test_a_streamed_completion_reports_the_step_between_its_tokens(stack: Stack) -> None:
+    """The router times the gaps between streamed tokens: the completion outcome carries
+    a decode step's time (what the step-cost fit learns from), no slower than the mean
+    time per output token."""
+    raw = _client(stack).completions.with_raw_response.create(
+        model=MODEL, prompt=_prompt(400, 5), max_tokens=12, stream=True,
+    )  # fmt: skip
+    rid = raw.headers["x-request-id"]
+    assert sum(1 for chunk in raw.parse() if chunk.choices and chunk.choices[0].text) == 12
+    _, outcomes = asyncio.run(_collect(stack.worker.settings, {rid}, 30.0))
+    done = next(o for o in outcomes[rid] if o.kind == "completion")
+    assert done.output_tokens == 12 and done.e2e_s and done.actual_ttft_s
+    tpot = (done.e2e_s - done.actual_ttft_s) / 11
+    assert done.decode_step_s is not None
+    assert 0 < done.decode_step_s <= 1.5 * tpot, (done.decode_step_s, tpot)
+
+
 def _unmeetable(stack: Stack) -> tuple[list[int], dict[str, str]]:
     # Already waited 4.95 s of a 5 s bound: 8k tokens cannot prefill in what is left.
     return _prompt(8_000, 2), {"x-max-queue-wait-s": "5", "x-already-waited-s": "4.95"}

@@ -566,6 +566,17 @@ class StepCostFit(_OnlineFit[StepCost]):
     def cost(self) -> StepCost:
         return self.value
 
+    def scaled(self, overhead_s: float, per_seq_s: float) -> tuple[float, float] | None:
+        """A prior (a peer group's or the default) scaled to this fit's own samples,
+        for the time before it has a fit: times the median ratio of each sample to the
+        prior's step at its running count. None without samples."""
+        n = self.samples
+        predicted = overhead_s + per_seq_s * self._x[:n]
+        if n == 0 or not float(predicted.min()) > 0:
+            return None
+        k = float(np.median(self._y[:n] / predicted))
+        return overhead_s * k, per_seq_s * k
+
     def _spread_ok(self, lowest: float, highest: float) -> bool:
         return highest - lowest >= self.config.min_running_span
 

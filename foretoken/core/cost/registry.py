@@ -21,10 +21,10 @@ fresh one).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from statistics import median
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -43,6 +43,8 @@ from foretoken.core.types import WorkerId, WorkerProfile
 # --------------------------------------------------------------------------- registry
 
 V = TypeVar("V", PrefillCurve, StepCost)
+# Peers' step costs are ranked by a step with this many sequences decoding (:func:`_pair`).
+POOL_RUNNING: Final = 16.0
 
 
 @dataclass(slots=True)
@@ -280,12 +282,7 @@ class FitRegistry:
 
     def _answer_afresh(self, worker_id: WorkerId) -> _Answer:
         pooling = self.config.pooled_priors
-        step = self.own_step_cost(worker_id)
-        step_pool: object = _OWN
-        if step.default and pooling:
-            step_pool = pooled = self._pooled_step(worker_id)
-            if pooled is not None:
-                step = replace(step, overhead_s=pooled[0], per_seq_s=pooled[1])
+        step, step_pool = self._prior_step(worker_id)
         fits = self.fits(worker_id)
         curve = self._default_curve if fits is None else fits.curve_with(step)
         curve_pool: object = _OWN
@@ -303,20 +300,30 @@ class FitRegistry:
     def _pooled_curve(self, worker_id: WorkerId) -> tuple[float, float] | None:
         return self._pooled(worker_id, "curve", self.own_curve, ("a", "b"))
 
-    def _step_or_pooled(self, worker_id: WorkerId) -> StepCost:
+    def _prior_step(self, worker_id: WorkerId) -> tuple[StepCost, object]:
+        """The worker's step cost, and the pooled value it took (``_OWN`` if none): its own
+        fit; before it has one, the peers' pooled value (else the default) scaled to its
+        own decode samples (:meth:`StepCostFit.scaled`), still marked default."""
         step = self.own_step_cost(worker_id)
-        if not step.default or not self.config.pooled_priors:
-            return step
-        pooled = self._pooled_step(worker_id)
-        return step if pooled is None else replace(step, overhead_s=pooled[0], per_seq_s=pooled[1])
+        if not step.default:
+            return step, _OWN
+        pool: object = _OWN
+        prior = None
+        if self.config.pooled_priors:
+            pool = prior = self._pooled_step(worker_id)
+        fits = self.fits(worker_id)
+        base = prior if prior is not None else (step.overhead_s, step.per_seq_s)
+        value = fits.step.scaled(*base) if fits is not None else None
+        value = value if value is not None else prior
+        if value is not None:
+            step = replace(step, overhead_s=value[0], per_seq_s=value[1])
+        return step, pool
 
     def own_curve(self, worker_id: WorkerId) -> PrefillCurve:
         """The worker's own current prefill curve (the default without a fit)."""
         fits = self.fits(worker_id)
         return (
-            self._default_curve
-            if fits is None
-            else fits.curve_with(self._step_or_pooled(worker_id))
+            self._default_curve if fits is None else fits.curve_with(self._prior_step(worker_id)[0])
         )
 
     def has_cold_fit(self, worker_id: WorkerId) -> bool:
@@ -346,8 +353,8 @@ class FitRegistry:
         self, worker_id: WorkerId, what: str, own: Callable[[WorkerId], V],
         names: tuple[str, str],
     ) -> tuple[float, float] | None:  # fmt: skip
-        """The median of the closest peer group with fitted values. Only called for a worker
-        without a fit of its own, so whether the group includes the worker itself does not
+        """The median of the closest peer group with fitted values (:func:`_pair`). Only
+        called for a worker without a fit of its own, so whether the group includes it does not
         change the median: the value is one per group (model, configuration / engine), cached
         until the registry changes (a step cost's until a decode sample, a registration or a
         restore: nothing else changes a step fit or a group)."""
@@ -363,8 +370,7 @@ class FitRegistry:
         for group in self.peers(worker_id):
             fitted = [v for v in map(own, group) if not v.default]
             if fitted:
-                first, second = (median(getattr(v, n) for v in fitted) for n in names)
-                value = first, second
+                value = _pair(fitted, what, names)
                 break
         self._pool_cache[key] = (generation, value)
         return value
@@ -414,3 +420,17 @@ class FitRegistry:
         self._current = {WorkerId(w): h for w, h in snap.current.items()}
         self._registered = {WorkerId(w) for w in snap.registered}
         self._clock = snap.clock
+
+
+def _pair(fitted: Sequence[Any], what: str, names: tuple[str, str]) -> tuple[float, float]:
+    """A peer group's value: for a curve the median of each coefficient; for a step cost
+    the whole pair of the peer whose step at :data:`POOL_RUNNING` sequences is the median
+    (overhead and per-sequence cost trade off against each other in a fit whose samples
+    span few running counts: medians taken apart could pair a high overhead's peer with
+    another's high per-sequence cost, slower than any peer)."""
+    if what != "step":
+        first, second = (median(getattr(v, n) for v in fitted) for n in names)
+        return first, second
+    ordered = sorted(fitted, key=lambda v: v.decode_step_s(POOL_RUNNING))
+    chosen = ordered[(len(ordered) - 1) // 2]
+    return getattr(chosen, names[0]), getattr(chosen, names[1])

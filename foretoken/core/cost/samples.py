@@ -1,9 +1,11 @@
 """Which observations are samples for the fits of :mod:`foretoken.core.cost.fit`: cold
 prefill samples (a request that ran alone with known reuse) and decode samples (time per
-output token)."""
+output token, and a decode step's time from a stream's token gaps)."""
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from typing import Final
 
 import msgspec
@@ -34,6 +36,28 @@ def time_per_output_token_s(
     if output_tokens < max(min_output_tokens, 2) or not _positive_finite(e2e_s - ttft_s):
         return None
     return (e2e_s - ttft_s) / (output_tokens - 1)
+
+
+# The fast gaps of a stream: at most FAST_GAP_SPREAD × its FAST_GAP_QUANTILE quantile.
+FAST_GAP_QUANTILE: Final = 0.1
+FAST_GAP_SPREAD: Final = 1.5
+MIN_TOKEN_GAPS: Final = 2
+
+
+def decode_step_s(gaps_s: Sequence[float]) -> float | None:
+    """A decode step's time from one stream's gaps between output tokens: the median of its
+    fast gaps (at most 1.5× the 10th percentile). With chunked prefill an engine's steps
+    are of two kinds, those that also carry a chunk of another prompt and those that only
+    decode; the fast gaps are the second kind whenever there are some, so the figure is a
+    step without prefill even where most steps carry one. None with fewer than 2 gaps."""
+    n = len(gaps_s)
+    if n < MIN_TOKEN_GAPS:
+        return None
+    ordered = sorted(gaps_s)
+    limit = FAST_GAP_SPREAD * ordered[int(FAST_GAP_QUANTILE * (n - 1))]
+    fast = bisect.bisect_right(ordered, limit)
+    value = ordered[(fast - 1) // 2]
+    return value if _positive_finite(value) else None
 
 
 def select_cold_sample(

@@ -6,10 +6,14 @@ simulator's truth (PRODUCT.md §1 "How fast the worker prefills"):
 * **busy-period samples** (:meth:`Learner.on_first_token`): a worker never idle from a cold
   start would never give one, so a second, bootstrap fit takes the gap between the worker's
   previous first token and this one, for a request queued there since before it;
-* **decode samples** (:meth:`Learner.on_completion`): time per output token against the
-  number of sequences running, for the step-cost fit — less the prefill of the prompts
-  whose first token came during the request's decode window, against the time-mean number
-  of decoding requests over it (:mod:`foretoken.core.cost.decode_windows`);
+* **decode samples** (:meth:`Learner.on_completion`): a decode step's time against the
+  time-mean number of requests decoding over the request's decode window
+  (:mod:`foretoken.core.cost.decode_windows`), for the step-cost fit. The router times the
+  gaps between streamed tokens and the outcome carries the step of the fast ones
+  (:func:`foretoken.core.cost.samples.decode_step_s`: steps that carried no other prompt's
+  chunk), left out when prompts waited throughout and it looks like a chunked step.
+  Without it (a stream not timed), the time per output token less the prefill of the
+  prompts whose first token came during the window;
 * **residuals** (:meth:`Learner.on_graded`): every served request's predicted and measured
   TTFT calibrate the upper quantiles grants carry (:mod:`foretoken.core.cost.quantiles`);
 * **approximate cache credit**: a prompt routed to a worker without KV events is filed as
@@ -70,7 +74,8 @@ class Learner:
             entry = queue.get(outcome.request_id)
             if self.config.decode_windows and entry is not None and entry.first_token_s is None:
                 self.windows.open(outcome.worker_id, outcome.request_id, outcome.ts,
-                                  entry.prompt_tokens, entry.cached_tokens)  # fmt: skip
+                                  entry.prompt_tokens, entry.cached_tokens,
+                                  queue.unstarted_count > 1)  # fmt: skip
             queue.first_token(outcome.request_id, outcome.ts)
             return
         self.on_completion(queue, outcome, now_s)
@@ -85,7 +90,8 @@ class Learner:
         queue.finished(outcome.request_id, outcome.ts)
         if self.config.decode_windows:
             if profile is not None:
-                self._observe_window(outcome, profile.config_hash, now_s)
+                chunk = _least_chunk(profile) if queue.unstarted_count else 0
+                self._observe_window(outcome, profile.config_hash, now_s, chunk)
             return
         tpot = None
         if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
@@ -96,7 +102,10 @@ class Learner:
             running = max(1.0, float(queue.running_count) + 1.0)
             self.fits.observe_decode(outcome.worker_id, profile.config_hash, tpot, running, now_s)
 
-    def _observe_window(self, outcome: RequestOutcome, config_hash: str, now_s: float) -> None:
+    def _observe_window(self, outcome: RequestOutcome, config_hash: str, now_s: float,
+                        chunk: int = 0) -> None:  # fmt: skip
+        """``chunk``: the prompt tokens a step carries when prompts wait for their
+        prefill (:func:`_least_chunk`), if some wait now, else 0."""
         span = None
         if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
             span = outcome.e2e_s - outcome.actual_ttft_s
@@ -105,11 +114,27 @@ class Learner:
         if window is None:
             return
         wid = outcome.worker_id
+        step_s = outcome.decode_step_s  # the router timed the stream's token gaps
+        if step_s is not None and step_s > 0:
+            if self._decode_only(wid, window, step_s, chunk):
+                self.fits.observe_decode(wid, config_hash, step_s, window.mean_decoding, now_s)
+            return
         if self.fits.curve(wid).default:  # it would subtract far too much: keep it for later
             self.windows.hold(wid, window)
             return
         for held in (*self.windows.release(wid), window):
             self._feed_window(wid, config_hash, held, now_s)
+
+    def _decode_only(self, wid: WorkerId, window: Window, step_s: float, chunk: int) -> bool:
+        """Whether a stream's decode step ``step_s`` (its fast token gaps) is a step
+        without a prefill chunk: it is, unless prompts waited for theirs at both ends of
+        the window (every step may then carry one) and it is nearer a step that carries a
+        ``chunk``-token one than a decode-only step (at the current curve and step cost)."""
+        if not (window.queued_at_open and chunk):
+            return True
+        running = window.mean_decoding
+        chunk_s = self.fits.curve(wid).a * max(chunk - running, 0.0)
+        return step_s < self.fits.step_cost(wid).decode_step_s(running) + 0.5 * chunk_s
 
     def _feed_window(self, wid: WorkerId, config_hash: str, window: Window, now_s: float) -> None:
         curve = self.fits.curve(wid)
@@ -246,3 +271,12 @@ class Learner:
     def _mark_busy(self, wid: WorkerId, ts: float) -> None:
         if ts > self.busy_mark_s.get(wid, -math.inf):
             self.busy_mark_s[wid] = ts
+
+
+def _least_chunk(profile: WorkerProfile) -> int:
+    """The fewest prompt tokens (plus decodes) a step of a worker whose prompts wait carries:
+    its token budget, or one prompt's chunk when a long-prefill threshold caps it."""
+    settings = profile.scheduler
+    threshold = settings.long_prefill_token_threshold
+    budget = settings.max_num_batched_tokens
+    return min(budget, threshold) if threshold > 0 else budget

@@ -112,6 +112,18 @@ def test_two_prompts_share_the_budget_and_decoding_takes_one_token() -> None:
     assert first_token_times(steps) == {"a": pytest.approx(0.11), "b": pytest.approx(0.15271)}
     assert [s.tokens for s in steps] == [("a",), ("a", "b"), ("a",)]
     assert [f.output_tokens for f in steps[2].finished] == [3]
+    # a's token gaps: step 2 (with b's chunk) and step 3 (decode only): the fast one.
+    assert steps[2].finished[0].decode_step_s == pytest.approx(0.01272)
+    assert steps[1].finished[0].decode_step_s is None  # b: one token, no gap
+
+
+def test_a_decode_run_gives_its_requests_the_step_between_their_tokens() -> None:
+    engine = EngineModel(make_spec(decode_s_per_seq=0.002))
+    submit(engine, "r", tokens(50), 10, at=0.0)
+    first = engine.step(0.0)  # the prompt: 0.01 + 0.05
+    run = engine.decode_run(first.end_s, float("inf"))
+    assert run is not None and run.num_steps == 9
+    assert [f.decode_step_s for f in run.finished] == [pytest.approx(0.012)]
 
 
 @pytest.mark.parametrize(

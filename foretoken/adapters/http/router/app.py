@@ -259,8 +259,9 @@ def publish_completion(
     state: RouterState, p: Placement, worker: WorkerId, engine: EngineConfig | None,
     arrived: float, m: Measured | None, status: str, error: str | None,
 ) -> None:  # fmt: skip
-    cached = ttft = out_tokens = None
+    cached = ttft = out_tokens = step_s = None
     if m is not None:
+        step_s = m.decode_step_s if status == "ok" else None
         cached = m.cached_tokens
         if cached is None and m.usage_seen and engine is not None and engine.reports_cached_tokens:
             cached = 0  # the field is omitted on a miss
@@ -271,6 +272,7 @@ def publish_completion(
         request_id=p.request_id, ts=time.time(), kind="completion", worker_id=worker,
         status=status, actual_ttft_s=ttft, engine_cached_tokens=cached,  # type: ignore[arg-type]
         output_tokens=out_tokens, e2e_s=time.monotonic() - arrived, error=error,
+        decode_step_s=step_s,
     ))  # fmt: skip
 
 

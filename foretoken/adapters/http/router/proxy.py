@@ -28,7 +28,10 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from foretoken.core.cost.samples import decode_step_s
+
 ERROR_BODY_MAX_BYTES: Final = 65_536
+MAX_GAPS: Final = 8192  # token gaps kept per stream (a decode step's time needs a few)
 DONE: Final = b"[DONE]"
 _EMPTY = re.compile(rb'"(?:text|content)": ?""')
 _json = msgspec.json.Decoder()
@@ -113,6 +116,23 @@ class Measured:
     engine_content_type: str = "application/json"
     done_seen: bool = False
     finish_reason: str | None = None
+    last_token_s: float | None = None  # monotonic time of the latest read with content
+    gaps_s: list[float] = field(default_factory=list)  # per output token after the first
+
+    def note_tokens(self, now_s: float, count: int, after_first: bool) -> None:
+        """``count`` output tokens came in one read at ``now_s``; each after the first
+        token gets an equal share of the time since the read before (a read that holds
+        several tokens is one gap split evenly, not zeros)."""
+        if count <= 0:
+            return
+        if after_first and self.last_token_s is not None and len(self.gaps_s) < MAX_GAPS:
+            self.gaps_s.extend([(now_s - self.last_token_s) / count] * count)
+        self.last_token_s = now_s
+
+    @property
+    def decode_step_s(self) -> float | None:
+        """A decode step's time from the token gaps (:func:`decode_step_s`)."""
+        return decode_step_s(self.gaps_s)
 
     def note_usage(self, usage: _Usage) -> None:
         self.usage_seen = True
@@ -194,6 +214,7 @@ def _scan(events: list[bytes], m: Measured,
           on_first_token: Callable[[float], None]) -> list[tuple[bytes, Chunk | None]]:  # fmt: skip
     """Measure what needs measuring; keep the data events (decoded only when needed)."""
     out: list[tuple[bytes, Chunk | None]] = []
+    now_s, after_first, before = time.monotonic(), m.first_token_s is not None, m.chunks
     for event in events:
         start = event.find(b"data:")
         if start < 0:
@@ -218,9 +239,10 @@ def _scan(events: list[bytes], m: Measured,
         elif chunk.has_content:
             m.chunks += 1
             if m.first_token_s is None:
-                m.first_token_s = time.monotonic()
+                m.first_token_s = now_s
                 on_first_token(m.first_token_s)
         out.append((payload, chunk))
+    m.note_tokens(now_s, m.chunks - before, after_first)
     return out
 
 
