@@ -64,6 +64,8 @@ NOISE_MEDIAN_LOG = 0.0
 STALL_STREAM = 1
 # Random values are drawn ahead this many at a time.
 DRAW_BLOCK = 4096
+# Step ends kept before the log is trimmed to the oldest first token still decoding.
+STEP_LOG_MAX = 1 << 16
 
 
 class RequestTooLarge(ValueError):
@@ -225,7 +227,7 @@ class EngineModel:
         self._running: list[_Request] = []
         self._requests: dict[RequestId, _Request] = {}
         self._busy_until_s = -math.inf
-        self._step_ends = array("d")  # every step's end, for the requests' token gaps
+        self._step_ends = array("d")  # steps' ends, for the token gaps (trimmed: STEP_LOG_MAX)
 
     # ------------------------------------------------------------------ state
 
@@ -570,14 +572,9 @@ class EngineModel:
 
     def _first_token(self, request: _Request, end_s: float) -> FirstToken:
         hit = request.hit
-        return FirstToken(
-            request_id=request.request_id,
-            time_s=end_s,
-            arrival_s=request.arrival_s,
-            prompt_tokens=request.prompt_tokens,
-            cached_tokens=hit.cached_tokens if hit else 0,
-            cached_tier=hit.deepest_tier if hit else None,
-        )
+        return FirstToken(request.request_id, end_s, request.arrival_s, request.prompt_tokens,
+                          hit.cached_tokens if hit else 0,
+                          hit.deepest_tier if hit else None)  # fmt: skip
 
     def _finish(self, request: _Request, end_s: float) -> Finished:
         self.cache.free(request.request_id)
@@ -585,11 +582,15 @@ class EngineModel:
         # Every step from its first token on gave it a token (nothing is preempted).
         first = request.first_step
         step_s = decode_step_s(np.diff(self._step_ends[first:]).tolist()) if first >= 0 else None
-        return Finished(
-            request_id=request.request_id,
-            time_s=end_s,
-            arrival_s=request.arrival_s,
-            prompt_tokens=request.prompt_tokens,
-            output_tokens=request.output_tokens,
-            decode_step_s=step_s,
-        )
+        if len(self._step_ends) > STEP_LOG_MAX:
+            self._trim_step_log()
+        return Finished(request.request_id, end_s, request.arrival_s, request.prompt_tokens,
+                        request.output_tokens, step_s)  # fmt: skip
+
+    def _trim_step_log(self) -> None:
+        """Forget the step ends before the oldest first token of a request still here."""
+        cut = min((r.first_step for r in self._requests.values() if r.first_step >= 0),
+                  default=len(self._step_ends))  # fmt: skip
+        del self._step_ends[:cut]
+        for r in self._requests.values():
+            r.first_step -= cut if r.first_step >= 0 else 0

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foretoken.core.types import EngineBlockHash, ModelName, RequestId, WorkerId
+from foretoken.sim import engine as engine_module
 from foretoken.sim.engine import EngineModel, RequestTooLarge, StepResult
 from foretoken.sim.spec import EngineSpec, KvCapacity, TruthSpec
 from foretoken.wire.records import BlockRemoved, BlockStored, SchedulerSettings
@@ -115,6 +116,23 @@ def test_two_prompts_share_the_budget_and_decoding_takes_one_token() -> None:
     # a's token gaps: step 2 (with b's chunk) and step 3 (decode only): the fast one.
     assert steps[2].finished[0].decode_step_s == pytest.approx(0.01272)
     assert steps[1].finished[0].decode_step_s is None  # b: one token, no gap
+
+
+def test_the_step_log_is_trimmed_without_changing_any_token_gap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def finished(log_max: int) -> dict[str, float | None]:
+        monkeypatch.setattr(engine_module, "STEP_LOG_MAX", log_max)
+        engine = EngineModel(make_spec(decode_s_per_seq=0.002, noise_sigma=0.1, seed=4))
+        for i in range(40):  # overlapping requests of 20-60 tokens out
+            submit(engine, f"r{i}", tokens(30 + 7 * i, 100 * i), 20 + i % 41, at=0.05 * i)
+        done = [f for r in run_until_idle(engine) for f in r.finished]
+        assert len(engine._step_ends) <= max(log_max, 1) + 64
+        return {f.request_id: f.decode_step_s for f in done}
+
+    kept = finished(1 << 30)
+    assert len(kept) == 40 and all(v is not None for v in kept.values())
+    assert finished(8) == kept
 
 
 def test_a_decode_run_gives_its_requests_the_step_between_their_tokens() -> None:
