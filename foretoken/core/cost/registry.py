@@ -21,10 +21,10 @@ fresh one).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from statistics import median
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -43,7 +43,7 @@ from foretoken.core.types import WorkerId, WorkerProfile
 # --------------------------------------------------------------------------- registry
 
 V = TypeVar("V", PrefillCurve, StepCost)
-# Peers' step costs are ranked by a step with this many sequences decoding (:func:`_pair`).
+# Peers' step costs are ranked by a step with this many sequences decoding (_median_step).
 POOL_RUNNING: Final = 16.0
 
 
@@ -295,10 +295,10 @@ class FitRegistry:
                        self._generation)  # fmt: skip
 
     def _pooled_step(self, worker_id: WorkerId) -> tuple[float, float] | None:
-        return self._pooled(worker_id, "step", self.own_step_cost, ("overhead_s", "per_seq_s"))
+        return self._pooled(worker_id, "step", self.own_step_cost, _median_step)
 
     def _pooled_curve(self, worker_id: WorkerId) -> tuple[float, float] | None:
-        return self._pooled(worker_id, "curve", self.own_curve, ("a", "b"))
+        return self._pooled(worker_id, "curve", self.own_curve, _median_curve)
 
     def _prior_step(self, worker_id: WorkerId) -> tuple[StepCost, object]:
         """The worker's step cost, and the pooled value it took (``_OWN`` if none): its own
@@ -351,9 +351,9 @@ class FitRegistry:
 
     def _pooled(
         self, worker_id: WorkerId, what: str, own: Callable[[WorkerId], V],
-        names: tuple[str, str],
+        combine: Callable[[list[V]], tuple[float, float]],
     ) -> tuple[float, float] | None:  # fmt: skip
-        """The median of the closest peer group with fitted values (:func:`_pair`). Only
+        """The median (``combine``) of the closest peer group with fitted values. Only
         called for a worker without a fit of its own, so whether the group includes it does not
         change the median: the value is one per group (model, configuration / engine), cached
         until the registry changes (a step cost's until a decode sample, a registration or a
@@ -370,7 +370,7 @@ class FitRegistry:
         for group in self.peers(worker_id):
             fitted = [v for v in map(own, group) if not v.default]
             if fitted:
-                value = _pair(fitted, what, names)
+                value = combine(fitted)
                 break
         self._pool_cache[key] = (generation, value)
         return value
@@ -422,15 +422,16 @@ class FitRegistry:
         self._clock = snap.clock
 
 
-def _pair(fitted: Sequence[Any], what: str, names: tuple[str, str]) -> tuple[float, float]:
-    """A peer group's value: for a curve the median of each coefficient; for a step cost
-    the whole pair of the peer whose step at :data:`POOL_RUNNING` sequences is the median
-    (overhead and per-sequence cost trade off against each other in a fit whose samples
-    span few running counts: medians taken apart could pair a high overhead's peer with
-    another's high per-sequence cost, slower than any peer)."""
-    if what != "step":
-        first, second = (median(getattr(v, n) for v in fitted) for n in names)
-        return first, second
-    ordered = sorted(fitted, key=lambda v: v.decode_step_s(POOL_RUNNING))
-    chosen = ordered[(len(ordered) - 1) // 2]
-    return getattr(chosen, names[0]), getattr(chosen, names[1])
+def _median_curve(fitted: list[PrefillCurve]) -> tuple[float, float]:
+    """A peer group's curve: the median of each coefficient."""
+    return median(v.a for v in fitted), median(v.b for v in fitted)
+
+
+def _median_step(fitted: list[StepCost]) -> tuple[float, float]:
+    """A peer group's step cost: the whole pair of the peer whose step at
+    :data:`POOL_RUNNING` sequences is the median. Overhead and per-sequence cost trade off
+    against each other in a fit whose samples span few running counts, so medians taken
+    apart could pair one peer's high overhead with another's high per-sequence cost, a step
+    slower than any peer's."""
+    chosen = sorted(fitted, key=lambda v: v.decode_step_s(POOL_RUNNING))[(len(fitted) - 1) // 2]
+    return chosen.overhead_s, chosen.per_seq_s
