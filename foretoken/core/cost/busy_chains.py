@@ -8,14 +8,26 @@ two consecutive first tokens is the engine's work in between: the next prompt's 
 (chunks of it, for a chunked engine that shares steps), plus the steps' overhead and
 decode. :class:`BusyChains` sums those gaps, per worker, over consecutive first tokens of
 requests queued since before the previous one (another prompt whose first token comes in
-the same step — the same timestamp — joins with a zero gap), with the prompts' prefill
-regressors ``u = Σ(N − K)`` and ``v = Σ(N² − K²)``. A chain whose prompts hold at least
-``budgets`` step budgets of new tokens becomes one sample when the next step's first token
-comes (so every prompt of its last step is in it), less the overhead and decode of its
-steps: at least one per distinct first-token time, and as many as its tokens need at the
-step budget left by the requests decoding. A gap that is not a busy one (the request was
-sent after the previous first token, or the queue model says admission was blocked —
-steps that only decode) starts afresh.
+the same step — within ``SAME_STEP_S`` of the previous one — joins with a zero step), with
+the prompts' prefill regressors ``u = Σ(N − K)`` and ``v = Σ(N² − K²)``. A chain whose
+prompts hold at least ``budgets`` step budgets of new tokens becomes one sample when the
+next step's first token comes (so every prompt of its last step is in it), less the
+overhead and decode of its steps: at least one per distinct first-token time, and as many
+as its tokens need at the step budget left by the requests decoding. A gap that is not a
+busy one (the request was sent after the previous first token, or the queue model says
+admission was blocked — steps that only decode) starts afresh.
+
+Where a chain ends matters: the steps of its last gap also carry chunks of the prompts
+still prefilling, whose tokens are not in it. On a chunked engine with a per-prompt chunk
+cap, several long prompts share every step, and a chain of one or two of them read the
+others' chunks as its own (``a`` 1.5–2× too high on the ``demo`` fleet's 1,024-token caps).
+So a chain also ends where that cannot happen: at a first token after which no request
+sent before it waits for its own (``drained``) — the worker's queue is empty of prefill
+work, every step of the chain held only its prompts. A **clean** chain (started by a prompt
+sent to an idle engine, timed from its send: its start is exact too) waits for such an end
+— requests sent after it share its first steps, their first tokens come later — and becomes
+the exact sample of every prompt in it, whatever its size (past ``CLEAN_BUDGETS`` budgets it
+gives up waiting and ends as a busy chain does).
 """
 
 from __future__ import annotations
@@ -23,6 +35,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from foretoken.core.types import SchedulerSettings, WorkerId
+
+# Two first tokens this close are of one step: the router reads each stream on its own, and
+# one step's first tokens reach it a fraction of a millisecond apart (half a decode step at
+# most, for a fleet of very short steps).
+SAME_STEP_S = 0.002
+# A clean chain stops waiting for a drained queue past this many budgets of ``budgets``.
+CLEAN_BUDGETS = 4.0
 
 
 @dataclass(slots=True)
@@ -64,58 +83,83 @@ class BusyChains:
     def has(self, wid: WorkerId) -> bool:
         return wid in self.chains
 
+    def is_clean(self, wid: WorkerId) -> bool:
+        """Whether the worker's chain is a clean one still waiting for its prompts."""
+        chain = self.chains.get(wid)
+        return chain is not None and chain.clean
+
     def start_clean(
-        self, wid: WorkerId, n: int, cached: int, ttft_s: float, ts: float, step_s: float,
-        decoding: float,
-    ) -> None:  # fmt: skip
-        """A first token at ``ts`` of a prompt sent to an idle engine (nothing waiting or
-        prefilling; ``decoding`` requests decoding, steps of ``step_s``) ``ttft_s`` before
-        it: the engine started on it at its send, so its chain's start is known and it
-        needs no step budget of tokens to be a sample (:meth:`close_clean`). Another prompt
-        whose first token comes in the same step joins it (:meth:`add`, a zero gap)."""
+        self, wid: WorkerId, settings: SchedulerSettings, n: int, cached: int, ttft_s: float,
+        ts: float, step_s: float, decoding: float, drained: bool = False,
+    ) -> ChainSample | None:  # fmt: skip
+        """The first token of a prompt sent to an idle engine (nothing waiting or
+        prefilling; ``decoding`` requests decoding, steps of ``step_s``) ``ttft_s`` after
+        its send: the engine started on it then, so its chain's start is known. Its sample
+        when nothing sent before this first token still waits for one (``drained``: no
+        other prompt shared its steps); else it waits for the prompts that did (:meth:`add`)."""
         chain = _Chain(clean=True, last_s=ts, step_s=step_s, decoding=decoding)
         self.chains[wid] = chain
-        _extend(chain, n, cached, ttft_s)
+        _extend(chain, n, cached, ttft_s, False)
+        return self._end_clean(wid, chain, settings) if drained else None
 
     def close_clean(self, wid: WorkerId, settings: SchedulerSettings,
                     ts: float) -> ChainSample | None:  # fmt: skip
-        """A first token at ``ts`` on the worker: a clean chain whose last first token came
-        before it has every prompt of its last step in it, and becomes a sample."""
+        """An outcome at ``ts`` on a worker that cannot wait for a drained queue (``settle``
+        off, :meth:`add`): a clean chain whose last first token came before it has every
+        prompt of its first step in it, and becomes a sample."""
         chain = self.chains.get(wid)
-        if chain is None or not chain.clean or not ts > chain.last_s:
+        if chain is None or not chain.clean or not ts > chain.last_s + SAME_STEP_S:
             return None
-        del self.chains[wid]
-        return _sample(chain, settings, chain.step_s, chain.decoding)
+        return self._end_clean(wid, chain, settings)
 
     def add(
         self, wid: WorkerId, settings: SchedulerSettings, n: int, cached: int, gap_s: float,
-        step_s: float, decoding: float,
+        step_s: float, decoding: float, drained: bool = False, settle: bool = True,
     ) -> ChainSample | None:  # fmt: skip
         """A first token ``gap_s`` after the worker's previous one (0: the same step) of a
         prompt of ``n`` tokens, ``cached`` reused. ``step_s``: one decode step's cost with
-        ``decoding`` requests decoding. Returns the chain it completed, if any."""
+        ``decoding`` requests decoding. ``drained``: no request sent before it is still
+        waiting for its first token. ``settle``: a clean chain waits for a drained queue;
+        else (a worker without a fit yet, which cannot wait) it ends at its first step's
+        first tokens, as its steps may also have carried chunks of others. Returns the
+        chain it completed, if any."""
         chain = self.chains.get(wid)
+        same = gap_s <= min(SAME_STEP_S, 0.5 * step_s)
+        budget = self.budgets * settings.max_num_batched_tokens
         sample = None
-        if (
-            chain is not None
-            and gap_s > 0
-            and chain.u >= self.budgets * settings.max_num_batched_tokens
-        ):
+        if chain is not None and chain.clean and (settle or same):
+            _extend(chain, n, cached, gap_s, same)
+            chain.last_s += gap_s
+            if drained:
+                return self._end_clean(wid, chain, settings)
+            if chain.u >= CLEAN_BUDGETS * budget:
+                chain.clean = False  # too long to wait for: it ends as a busy chain does
+            return None
+        if chain is not None and chain.clean:  # a later step: it ends here, this one goes on
+            sample, chain = self._end_clean(wid, chain, settings), None
+        if chain is not None and not same and chain.u >= budget:
             sample = _sample(chain, settings, step_s, decoding)
             chain = None
         if chain is None:
             chain = self.chains[wid] = _Chain()
-        _extend(chain, n, cached, gap_s)
+        _extend(chain, n, cached, gap_s, same)
+        if drained:  # the next first token will not be a busy one: nothing to wait for
+            del self.chains[wid]
         return sample
 
+    def _end_clean(self, wid: WorkerId, chain: _Chain,
+                   settings: SchedulerSettings) -> ChainSample | None:  # fmt: skip
+        del self.chains[wid]
+        return _sample(chain, settings, chain.step_s, chain.decoding)
 
-def _extend(chain: _Chain, n: int, cached: int, gap_s: float) -> None:
+
+def _extend(chain: _Chain, n: int, cached: int, gap_s: float, same_step: bool) -> None:
     k = min(max(cached, 0), n)
     chain.seconds += gap_s
     chain.u += n - k
     chain.v += n * n - k * k
     chain.longest = max(chain.longest, n - k)
-    chain.steps += gap_s > 0
+    chain.steps += not same_step
 
 
 def alone_sample(

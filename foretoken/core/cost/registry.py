@@ -326,6 +326,12 @@ class FitRegistry:
             self._default_curve if fits is None else fits.curve_with(self._prior_step(worker_id)[0])
         )
 
+    def busy_chain_samples(self, worker_id: WorkerId) -> int:
+        """How many busy-chain samples the worker's current configuration's fit holds."""
+        fits = self.fits(worker_id)
+        busy = None if fits is None else fits.busy
+        return busy.samples if isinstance(busy, BusyChainFit) else 0
+
     def has_cold_fit(self, worker_id: WorkerId) -> bool:
         """Whether the worker's current configuration has a fit from cold samples."""
         fits = self.fits(worker_id)

@@ -232,6 +232,14 @@ class WorkerQueue:
         """Requests whose first token was not seen yet (waiting or prefilling)."""
         return len(self._requests) - self._decoding
 
+    def waiting_sent_before(self, t: float, request_id: RequestId) -> bool:
+        """Whether a request other than ``request_id``, sent before ``t``, has not had
+        its first token seen yet (it is still waiting or prefilling)."""
+        return any(
+            e.first_token_s is None and e.sent_at_s < t and e.request_id != request_id
+            for e in self._requests.values()
+        )
+
     @property
     def running_count(self) -> int:
         """Requests the engine is estimated to run (prefilling or decoding), as of the

@@ -51,6 +51,10 @@ class PredictorConfig:
     # Three, not one: a chain's ends carry chunks of prompts outside it, and a one-budget
     # chain read 0.2-3x its prefill (the quick matrix: +1.5 points within 1 s).
     busy_chain_budgets: float = 3.0
+    # From this many busy-chain samples on, a chain started on an idle engine waits for its
+    # queue to drain (an exact sample); before, it ends at its first step (a quick, rougher
+    # one: its steps may carry chunks of prompts sent after it). 0: always wait.
+    busy_chain_settle: int = 3
     seed: int = 0
     # Where a candidate's queue is walked: "native" (foretoken_native, bit-identical to the
     # Python walk, used for the fitted curves while it models the queue) or "python".

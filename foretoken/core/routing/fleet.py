@@ -24,9 +24,11 @@ class WorkerBook:
         self.profiles: dict[WorkerId, WorkerProfile] = {}
         self.queues: dict[WorkerId, WorkerQueue] = {}
         self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
-        # sent when nothing waited or prefilled there and a seat was free: the engine starts
-        # on it at once (a busy chain's known start, :mod:`foretoken.core.cost.busy_chains`)
-        self.sent_idle: set[RequestId] = set()
+        # per worker, the last request sent when nothing waited or prefilled there and a
+        # seat was free, and when: the engine started on it at once, and worked without a
+        # pause on it and what was sent after it until its queue drained (a clean busy
+        # chain's known start, :mod:`foretoken.core.cost.busy_chains`)
+        self.idle_start: dict[WorkerId, tuple[RequestId, float]] = {}
 
     def apply(self, profile: WorkerProfile) -> None:
         """A registration: a new worker, new scheduler settings, or (``removed``) gone."""
@@ -79,7 +81,7 @@ class WorkerBook:
         seat = self.has_capacity(wid)
         if queue.add(rid, sent_s, n, cached, expected):
             if was_idle and seat:
-                self.sent_idle.add(rid)
+                self.idle_start[wid] = (rid, sent_s)
             for other in queue.outstanding():
                 if other.request_id != rid and other.first_token_s is None:
                     self.alone[other.request_id] = False
@@ -91,6 +93,12 @@ class WorkerBook:
         for queue in self.queues.values():
             for rid in queue.expire(now_s, max_age_s):
                 self.alone.pop(rid, None)
-                self.sent_idle.discard(rid)
+                self.withdraw_idle_start(rid)
                 gone.append(rid)
         return gone
+
+    def withdraw_idle_start(self, rid: RequestId) -> None:
+        """``rid`` never reached its worker: the engine did not start on it."""
+        for wid, (started, _) in list(self.idle_start.items()):
+            if started == rid:
+                del self.idle_start[wid]

@@ -84,9 +84,10 @@ class Learner:
         profile = self.book.profiles.get(outcome.worker_id)
         if profile is not None and profile.scheduler.max_num_seqs == 1:
             self._mark_busy(outcome.worker_id, outcome.ts)  # the next prompt starts after it
-        if profile is not None:  # a later step ended: a clean chain has all its prompts
-            clean = self.chains.close_clean(outcome.worker_id, profile.scheduler, outcome.ts)
-            self._feed_chain(outcome.worker_id, profile.config_hash, clean, now_s)
+        wid = outcome.worker_id
+        if profile is not None and not self._settled(wid):  # a later step ended
+            clean = self.chains.close_clean(wid, profile.scheduler, outcome.ts)
+            self._feed_chain(wid, profile.config_hash, clean, now_s)
         queue.finished(outcome.request_id, outcome.ts)
         if self.config.decode_windows:
             if profile is not None:
@@ -214,12 +215,10 @@ class Learner:
         self._mark_busy(wid, outcome.ts)
         entry = queue.get(outcome.request_id)
         profile = self.book.profiles.get(wid)
-        sent_idle = outcome.request_id in self.book.sent_idle
-        self.book.sent_idle.discard(outcome.request_id)
         if entry is None or profile is None or entry.first_token_s is not None:
             return
         if self.config.busy_chain_budgets > 0 and profile.scheduler.chunked_prefill:
-            self._busy_chain(queue, outcome, entry, profile, prev, sent_idle, now_s)
+            self._busy_chain(queue, outcome, entry, profile, prev, now_s)
             return
         if prev is None:
             return
@@ -234,31 +233,48 @@ class Learner:
 
     def _busy_chain(
         self, queue: WorkerQueue, outcome: RequestOutcome, entry: Outstanding,
-        profile: WorkerProfile, prev: float | None, sent_idle: bool, now_s: float,
+        profile: WorkerProfile, prev: float | None, now_s: float,
     ) -> None:  # fmt: skip
-        """Busy chains (:mod:`foretoken.core.cost.busy_chains`) on a chunked engine; a
-        prompt sent to an idle engine starts a clean one, timed from its send."""
+        """Busy chains (:mod:`foretoken.core.cost.busy_chains`) on a chunked engine; the
+        first first token after a request was sent to an idle engine starts a clean one,
+        timed from that send."""
         wid, ts, chains = outcome.worker_id, outcome.ts, self.chains
         cost = step_cost(self.fits, wid)
         line = self.windows.lines.get(wid)
         decoding = line.decoding if line is not None else 0.0
         step_s = cost.step_overhead_s + cost.decode_s_per_seq * decoding
-        self._feed_chain(wid, profile.config_hash, chains.close_clean(wid, profile.scheduler, ts),
-                         now_s)  # fmt: skip
+        start = self.book.idle_start.pop(wid, None)
+        settle = self._settled(wid)
+        if not settle:  # a later step: a clean chain has every prompt of its first step
+            self._feed_chain(wid, profile.config_hash,
+                             chains.close_clean(wid, profile.scheduler, ts), now_s)  # fmt: skip
         if queue.admission_blocked(ts, cost):
             chains.drop(wid)  # the gap holds steps waiting for KV blocks or a seat
             return
+        drained = not queue.waiting_sent_before(ts, outcome.request_id)
         last = -math.inf if prev is None else prev
+        # Settled, a clean chain runs from the idle engine's first send and takes every
+        # prompt sent after it; before, only that prompt, from its own first token, if none
+        # came between (its first step, which may carry others' first chunks too).
+        if settle:
+            clean = start is not None and last <= start[1] <= entry.sent_at_s
+        else:
+            clean = start is not None and start[0] == outcome.request_id and last <= start[1]
+        if clean:
+            assert start is not None
+            chains.drop(wid)  # the engine was idle until then: a clean chain from the send
+            sample = chains.start_clean(wid, profile.scheduler, entry.prompt_tokens,
+                                        entry.cached_tokens, ts - start[1], ts, step_s,
+                                        decoding, drained)  # fmt: skip
+            self._feed_chain(wid, profile.config_hash, sample, now_s)
+            return
+        # A clean chain's prompts are still prefilling (it waits for them): never idle.
         same_step = last == ts and entry.sent_at_s < last and chains.has(wid)
-        if not same_step and not entry.sent_at_s < last < ts:
+        if not (chains.is_clean(wid) or same_step or entry.sent_at_s < last < ts):
             chains.drop(wid)  # it may have paused: start afresh
-            ttft = outcome.actual_ttft_s  # the router's, from its send
-            if sent_idle and ttft is not None and ttft > 0:  # … from its send: nothing was ahead
-                chains.start_clean(wid, entry.prompt_tokens, entry.cached_tokens, ttft, ts,
-                                   step_s, decoding)  # fmt: skip
             return
         sample = chains.add(wid, profile.scheduler, entry.prompt_tokens, entry.cached_tokens,
-                            ts - last, step_s, decoding)  # fmt: skip
+                            max(ts - last, 0.0), step_s, decoding, drained, settle)  # fmt: skip
         self._feed_chain(wid, profile.config_hash, sample, now_s)
 
     def _feed_chain(
@@ -267,6 +283,10 @@ class Learner:
         if sample is not None:
             self.fits.observe_busy_chain(wid, config_hash, sample.u, sample.v, sample.raw_s,
                                          now_s, sample.steps, sample.decoding)  # fmt: skip
+
+    def _settled(self, wid: WorkerId) -> bool:
+        """Whether the worker's clean chains wait for a drained queue (``busy_chain_settle``)."""
+        return self.fits.busy_chain_samples(wid) >= self.config.busy_chain_settle
 
     def _mark_busy(self, wid: WorkerId, ts: float) -> None:
         if ts > self.busy_mark_s.get(wid, -math.inf):

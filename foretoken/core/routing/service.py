@@ -107,7 +107,7 @@ class RouteService:
         queue = self.book.queues.get(ours.worker_id)
         if queue is not None and queue.finished(grant.request_id, now_s):
             self.book.alone.pop(grant.request_id, None)
-            self.book.sent_idle.discard(grant.request_id)
+            self.book.withdraw_idle_start(grant.request_id)
             self.learner.forget(grant.request_id)
         self.decisions[grant.request_id] = grant
         self.overruled += 1
@@ -162,7 +162,7 @@ class RouteService:
             if queue is not None and queue.finished(rid, now_s):
                 self.unconfirmed_expired += 1
             self.book.alone.pop(rid, None)
-            self.book.sent_idle.discard(rid)
+            self.book.withdraw_idle_start(rid)
             self.learner.forget(rid)
 
     # ------------------------------------------------------------------ predictions

@@ -44,3 +44,16 @@ def test_decoding_and_unstarted_counts_match_the_outstanding_requests(ops: list)
         else:
             queue = WorkerQueue.restore(queue.snapshot())
         assert (queue.decoding_count, queue.unstarted_count) == _scanned(queue)
+
+
+def test_waiting_sent_before_is_about_earlier_sends_still_without_a_first_token() -> None:
+    """A busy chain ends where nothing sent before a first token still waits for its own."""
+    queue = WorkerQueue(SchedulerSettings(max_num_batched_tokens=512))
+    a, b, c = RequestId("a"), RequestId("b"), RequestId("c")
+    queue.add(a, 1.0, 100, 0, 8)
+    queue.add(b, 1.5, 100, 0, 8)
+    assert queue.waiting_sent_before(2.0, a)  # b waits
+    queue.first_token(b, 1.8)
+    assert not queue.waiting_sent_before(2.0, a)  # only a itself
+    queue.add(c, 2.5, 100, 0, 8)  # sent after the first token in question
+    assert not queue.waiting_sent_before(2.0, a) and queue.waiting_sent_before(3.0, a)
