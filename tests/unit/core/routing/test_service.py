@@ -292,10 +292,11 @@ def test_small_prompts_on_a_chunked_engine_give_no_busy_samples() -> None:
     assert p.fits.describe()[0]["busy_observed"] == 1
 
 
-def test_a_prompt_sent_to_an_idle_worker_is_a_sample_at_the_next_first_token() -> None:
+def test_a_prompt_sent_to_an_idle_worker_is_a_sample_at_once_when_nothing_waits() -> None:
     """Cold start from one request: its TTFT less its steps' overhead (3000 tokens at a
-    2048-token budget: two) fits ``a`` (``b`` fixed) as soon as a later first token shows
-    that its last step held nothing else, before any completion or graded record."""
+    2048-token budget: two) fits ``a`` (``b`` fixed) at its own first token when no other
+    prompt sent before it still waits (none can have shared its steps), before any
+    completion or graded record."""
     p = _predictor(1)
     n, a = 3000, 4e-5
     ttft = 2 * p.fits.step_cost("w0").overhead_s + a * n + REFERENCE_B_S_PER_TOKEN2 * n * n
@@ -303,11 +304,26 @@ def test_a_prompt_sent_to_an_idle_worker_is_a_sample_at_the_next_first_token() -
             0.0, 0.0)  # fmt: skip
     p.on_outcome(Outcome(request_id="r0", ts=ttft, kind="first_token", worker_id="w0",
                          actual_ttft_s=ttft), ttft)  # fmt: skip
-    assert p.fits.curve("w0").default  # another prompt may still end in the same step
+    curve = p.fits.curve("w0")
+    assert not curve.default and curve.a == pytest.approx(a, rel=1e-6)
+
+
+def test_a_prompt_sent_to_an_idle_worker_waits_for_the_next_step_when_another_waits() -> None:
+    """The same prompt with a second one sent during its prefill: the second may end in the
+    same step, so the first is a sample only once a later first token shows that its last
+    step held nothing else."""
+    p = _predictor(1)
+    n, a = 3000, 4e-5
+    ttft = 2 * p.fits.step_cost("w0").overhead_s + a * n + REFERENCE_B_S_PER_TOKEN2 * n * n
+    p.route(RouteRequest(request_id="r0", model=MODEL, token_ids=tuple(range(n))).query(),
+            0.0, 0.0)  # fmt: skip
     p.route(RouteRequest(request_id="r1", model=MODEL, token_ids=tuple(range(7, 600))).query(),
-            1.0, 1.0)  # fmt: skip
-    p.on_outcome(Outcome(request_id="r1", ts=1.05, kind="first_token", worker_id="w0",
-                         actual_ttft_s=0.05), 1.05)  # fmt: skip
+            0.01, 0.01)  # fmt: skip
+    p.on_outcome(Outcome(request_id="r0", ts=ttft, kind="first_token", worker_id="w0",
+                         actual_ttft_s=ttft), ttft)  # fmt: skip
+    assert p.fits.curve("w0").default  # r1 may still end in the same step
+    p.on_outcome(Outcome(request_id="r1", ts=ttft + 0.05, kind="first_token", worker_id="w0",
+                         actual_ttft_s=ttft + 0.04), ttft + 0.05)  # fmt: skip
     curve = p.fits.curve("w0")
     assert not curve.default and curve.a == pytest.approx(a, rel=1e-6)
 
