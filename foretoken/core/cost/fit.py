@@ -51,12 +51,14 @@ REFERENCE_B_S_PER_TOKEN2: Final = 3.7e-11
 DEFAULT_SAFETY: Final = 1.25
 DEFAULT_A_S_PER_TOKEN: Final = 1.2e-4 * DEFAULT_SAFETY
 DEFAULT_B_S_PER_TOKEN2: Final = 2.0e-9 * DEFAULT_SAFETY
-# The step costs' default sits at the envelope of known engines, not far above it
-# (simulator fleets: overhead ≤ 15 ms, ≤ 0.3 ms per sequence plus a context-length term
-# that a fit absorbs into per_seq): a step default several times too slow makes every
-# replayed step with many decoders too slow, and — with the KV model — keeps their blocks.
+# The step costs' default: the overhead at the envelope of known engines (simulator fleets
+# ≤ 15 ms; vLLM on one GPU 5-15 ms), the per-sequence cost in the middle of their range
+# (0.05-0.3 ms, plus a context-length term a fit absorbs), not at its top. On short or
+# bursty runs every prediction is made before the first completion brings a decode sample,
+# and a per-sequence default several times too slow makes every replayed step with many
+# decoders too slow (5e-4 here before 2026-12-02: measured in docs/BENCHMARKS.md).
 DEFAULT_STEP_OVERHEAD_S: Final = 0.015
-DEFAULT_DECODE_S_PER_SEQ: Final = 5.0e-4
+DEFAULT_DECODE_S_PER_SEQ: Final = 1.2e-4
 # Below this many prompt tokens fixed per-request latency (HTTP, one scheduler step)
 # dominates TTFT, and a·N + b·N² (no constant term) does not describe it.
 MIN_COLD_PROMPT_TOKENS: Final = 128

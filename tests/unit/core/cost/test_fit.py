@@ -170,7 +170,11 @@ def test_default_until_enough_samples_with_enough_spread() -> None:
     assert narrow.curve.to_fit_used().default is False
 
 
-def test_default_over_predicts_every_shipped_curve_and_the_reference() -> None:
+def test_default_curve_over_predicts_every_shipped_curve_and_the_step_sits_inside() -> None:
+    """The prefill default is the envelope (conservative); the step overhead too, but the
+    per-sequence decode cost sits inside the shipped engines' range, not at its top (a
+    default several times too slow makes every replayed step with many decoders too slow
+    before the first completion: docs/BENCHMARKS.md, 2026-12-02)."""
     default = OnlinePrefillFit().curve
     step = StepCostFit().cost
     truths = [spec.truth for name in shipped_fleets() for spec in load_fleet(name).engines]
@@ -181,7 +185,8 @@ def test_default_over_predicts_every_shipped_curve_and_the_reference() -> None:
             assert default.cost_s(n) >= truth.prefill_s(n)
     for truth in truths:
         assert step.overhead_s >= truth.step_overhead_s
-        assert step.per_seq_s >= truth.decode_s_per_seq
+    per_seq = sorted(truth.decode_s_per_seq for truth in truths)
+    assert per_seq[0] < step.per_seq_s < per_seq[-1]
 
 
 def test_invalid_samples_are_ignored() -> None:
