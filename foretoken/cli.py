@@ -339,6 +339,11 @@ def bench_predict(
     jobs: int = typer.Option(2, help="Parallel processes."),
     explain: bool = typer.Option(False, help="Split each prediction's error into its parts."),
     json_path: str | None = typer.Option(None, "--json", help="Write the JSON here."),
+    routing: str | None = typer.Option(
+        None,
+        help="Route by this baseline policy (e.g. least-outstanding-tokens); the "
+        "predictor predicts as a read replica: a paired grading of predictor versions.",
+    ),
 ) -> None:
     """Prediction accuracy against baselines: the Mooncake benchmark (no options), one
     trace × fleet at several loads (--trace/--fleet), the matrix (--matrix) or the error
@@ -351,7 +356,7 @@ def bench_predict(
     try:
         predict_command(quick=quick, trace=trace, fleet=fleet, loads=loads, load=load,
                         limit=limit, seed=seed, matrix=matrix, jobs=jobs, explain=explain,
-                        json_path=json_path)  # fmt: skip
+                        json_path=json_path, routing=routing)  # fmt: skip
     except (ValueError, KeyError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc

@@ -23,19 +23,29 @@ fits start from an offline profile (``predictor_profiled``) and the baselines of
 predict. The offline profile is a separate round-robin replay of cold prompts with the
 workload's lengths (another seed for a generated one, the trace's last requests for a
 shipped one), one at a time per worker.
+
+With ``routing`` set to a baseline routing policy (:func:`foretoken.sim.policy.make_policy`,
+e.g. ``least-outstanding-tokens`` or ``cache-aware``), that policy routes instead, and the
+cold-start predictor is a read replica that predicts for the worker it chose
+(``predictor``; no ``predictor_profiled`` row). The routing then does not depend on the
+predictor's code: two versions of the predictor are graded on the same requests sent to
+the same workers, a paired comparison without the feedback through routing that moves a
+routed cell by several points for a small change of a prediction.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from foretoken.bench.baselines import SEED, ShadowBaselines, fit_baselines, warm_started_replica
-from foretoken.bench.predict_bench import BASELINES, PROFILED, accuracy
+from foretoken.bench.predict_bench import BASELINES, PROFILED, accuracy, error_grades
 from foretoken.core.types import RequestId
 from foretoken.settings import load_settings
 from foretoken.sim.generate import WORKLOADS, random_fleet, workload_scale
@@ -44,6 +54,7 @@ from foretoken.sim.predictor_policy import PredictorPolicy
 from foretoken.sim.replay import TRACE_LOADERS, capacity_speedup, replay, summary
 from foretoken.sim.spec import FleetSpec, load_fleet
 from foretoken.sim.traces import TraceRequest, load_azure, load_mooncake
+from foretoken.wire.records import Graded
 
 SCHEMA = "foretoken.bench.predict/1"
 POLICIES = ("predictor", PROFILED, *BASELINES)
@@ -209,8 +220,31 @@ def cell_inputs(prep: Prepared, load: float) -> tuple[list[TraceRequest], FleetS
     return requests, fleet, speedup
 
 
-def cell_rows(prep: Prepared, load: float, graded: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per policy, in the stable schema (:data:`SCHEMA`)."""
+def replica_accuracy(records: Sequence[Graded], shadow: ShadowBaselines) -> dict[str, Any]:
+    """:func:`~foretoken.bench.predict_bench.accuracy` of a cell routed by a baseline: the
+    cold predictor is the shadow's replica (its last column), graded with the baselines on
+    every served request."""
+    served = [r for r in records if r.status == "served" and r.actual_ttft_s is not None]
+    actual = np.array([r.actual_ttft_s for r in served], dtype=float)
+    flags = [r.cache_disagreement for r in served]
+    disagree = np.array([-1 if f is None else int(f) for f in flags], dtype=int)
+    known = disagree >= 0
+    names = (*BASELINES, "predictor")
+    table = np.array([shadow.predictions[r.request_id] for r in served],
+                     dtype=float).reshape(-1, len(names))  # fmt: skip
+    out: dict[str, Any] = {
+        "requests": len(records), "rejected": sum(r.status == "rejected" for r in records),
+        "cache_disagreement_rate": float(np.mean(disagree[known] == 1)) if known.any() else None,
+    }  # fmt: skip
+    for index, name in enumerate(names):
+        out[name] = error_grades(table[:, index], actual, disagree)
+    return out
+
+
+def cell_rows(prep: Prepared, load: float, graded: dict[str, Any],
+              routing: str = "predictor") -> list[dict[str, Any]]:  # fmt: skip
+    """One row per policy, in the stable schema (:data:`SCHEMA`); ``routing``: which policy
+    routed the cell (module doc)."""
     rows = []
     for policy in POLICIES:
         g = graded.get(policy)
@@ -218,7 +252,7 @@ def cell_rows(prep: Prepared, load: float, graded: dict[str, Any]) -> list[dict[
             continue
         sides = g["same_side_of_bound"]
         row: dict[str, Any] = {"trace": prep.trace, "fleet": prep.fleet, "load": load,
-                               "policy": policy}  # fmt: skip
+                               "policy": policy, "routing": routing}  # fmt: skip
         row |= {name: g[name] for name in CELL_FIELDS}
         row |= {f"under_{b}s": sides[b]["underpredicted"] for b in UNDER_BOUNDS}
         row["p90_coverage"] = g.get("p90_coverage")  # the predictor's calibration
@@ -228,18 +262,26 @@ def cell_rows(prep: Prepared, load: float, graded: dict[str, Any]) -> list[dict[
     return rows
 
 
-def run_cell(prep: Prepared, load: float) -> dict[str, Any]:
-    """Replay one cell (module doc); its rows and what it cost."""
+def run_cell(prep: Prepared, load: float, routing: str | None = None) -> dict[str, Any]:
+    """Replay one cell (module doc), routed by the predictor or by ``routing``; its rows
+    and what it cost."""
     started = time.perf_counter()
     requests, fleet, speedup = cell_inputs(prep, load)
-    policy = PredictorPolicy.for_fleet(fleet, seed=SEED, settings=load_settings())
-    replica = warm_started_replica(without_schedule(fleet), prep.cold)
-    shadow = ShadowBaselines(policy, prep.fits, replica)
+    if routing is None:
+        policy = PredictorPolicy.for_fleet(fleet, seed=SEED, settings=load_settings())
+        replica = warm_started_replica(without_schedule(fleet), prep.cold)
+        shadow = ShadowBaselines(policy, prep.fits, replica)
+    else:  # the cold predictor as a read replica of a baseline's routing
+        inner = make_policy(routing, FleetLedger.for_fleet(fleet), seed=SEED)
+        replica = warm_started_replica(without_schedule(fleet), {})
+        shadow = ShadowBaselines(inner, prep.fits, replica)
     result = replay(requests, fleet, shadow, speedup=speedup, progress=False)
-    graded = accuracy(result.records, shadow)
+    graded = (accuracy(result.records, shadow) if routing is None
+              else replica_accuracy(result.records, shadow))  # fmt: skip
     return {
-        "rows": cell_rows(prep, load, graded),
+        "rows": cell_rows(prep, load, graded, routing or "predictor"),
         "meta": {"trace": prep.trace, "fleet": prep.fleet, "load": load,
+                 "routing": routing or "predictor",
                  "speedup": round(speedup, 4), "requests": len(requests),
                  "virtual_s": round(result.virtual_s, 1),
                  "wall_s": round(time.perf_counter() - started, 1)},

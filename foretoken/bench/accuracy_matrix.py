@@ -4,7 +4,7 @@ issue 15 (cells: :mod:`foretoken.bench.accuracy`), its JSON and its table.
 JSON (stable; ``schema`` names the version)::
 
     {"schema": "foretoken.bench.predict/1",
-     "cells": [{"trace", "fleet", "load", "policy", "within_1s", "within_10s",
+     "cells": [{"trace", "fleet", "load", "policy", "routing", "within_1s", "within_10s",
                 "abs_error_p50_s", "abs_error_p95_s", "abs_error_p99_s",
                 "under_5s", "under_10s", "under_30s", "p90_coverage", "disagreement",
                 "samples", "refused", "rejected"}, ...],
@@ -17,7 +17,10 @@ engine of the fleet could hold, left out before the replay; ``rejected``: reques
 routing predictor turned away (none without bounds). A "cell" of the summary is one
 (trace, fleet, load); "best baseline" is the best of ``mooncake``, ``linear_rate``,
 ``request_count`` in that cell. The (trace, fleet) preparations and then the cells run in
-``jobs`` parallel processes.
+``jobs`` parallel processes. ``routing`` is the policy that routed the cell: ``predictor``
+(the cold predictor, the default), or the baseline routing given with ``--routing``
+(:mod:`foretoken.bench.accuracy`: the predictor then predicts as a read replica, graded on
+requests routed independently of its code; no ``predictor_profiled`` row).
 """
 
 from __future__ import annotations
@@ -59,20 +62,22 @@ def _prepare(args: tuple[str, str, int | None, int, Sizes]) -> Prepared:
                    profile_requests=sizes.profile_requests)  # fmt: skip
 
 
-def _cell(args: tuple[Prepared, float]) -> dict[str, Any]:
+def _cell(args: tuple[Prepared, float, str | None]) -> dict[str, Any]:
     return run_cell(*args)
 
 
 def run_grid(pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Sizes, *,
-             limit: int | None, seed: int, jobs: int) -> dict[str, Any]:  # fmt: skip
+             limit: int | None, seed: int, jobs: int,
+             routing: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Every (trace, fleet) of ``pairs`` at every load, in ``jobs`` processes: each pair's
-    cells start as soon as its preparation is done."""
+    cells start as soon as its preparation is done. ``routing``: a baseline routing
+    policy instead of the predictor (:func:`foretoken.bench.accuracy.run_cell`)."""
     started, cpu0 = time.perf_counter(), _cpu_s()
     if jobs <= 1:
         preps = [_prepare((t, f, limit, seed, sizes)) for t, f in pairs]
-        cells = [_cell((p, load)) for p in preps for load in loads]
+        cells = [_cell((p, load, routing)) for p in preps for load in loads]
     else:
-        preps, cells = _in_pool(pairs, loads, sizes, limit, seed, jobs)
+        preps, cells = _in_pool(pairs, loads, sizes, limit, seed, jobs, routing)
     order = {(t, f): i for i, (t, f) in enumerate(pairs)}
     cells.sort(key=lambda c: (order[(c["meta"]["trace"], c["meta"]["fleet"])], c["meta"]["load"]))
     rows = [row for cell in cells for row in cell["rows"]]
@@ -81,7 +86,8 @@ def run_grid(pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Si
         "schema": SCHEMA,
         "cells": rows,
         "summary": summarize(rows) | {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
-                                      "jobs": jobs, "load_average_1m": os.getloadavg()[0]},
+                                      "jobs": jobs, "load_average_1m": os.getloadavg()[0],
+                                      "routing": routing or "predictor"},
         "runs": {"prepared": [_prep_meta(p, sizes) for p in preps],
                  "cells": [c["meta"] for c in cells], "sizes": asdict(sizes)},
     }  # fmt: skip
@@ -89,7 +95,7 @@ def run_grid(pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Si
 
 def _in_pool(
     pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Sizes,
-    limit: int | None, seed: int, jobs: int,
+    limit: int | None, seed: int, jobs: int, routing: str | None = None,
 ) -> tuple[list[Prepared], list[dict]]:  # fmt: skip
     preps: list[Prepared] = []
     cells: list[dict[str, Any]] = []
@@ -103,7 +109,8 @@ def _in_pool(
                 if kind == "prep":
                     prep = done.result()
                     preps.append(prep)
-                    pending |= {pool.submit(_cell, (prep, load)): "cell" for load in loads}
+                    pending |= {pool.submit(_cell, (prep, load, routing)): "cell"
+                                for load in loads}  # fmt: skip
                     break  # re-enter as_completed with the new futures
                 cells.append(done.result())
     return preps, cells
@@ -228,18 +235,20 @@ def table(result: dict[str, Any]) -> str:
 
 def run_matrix(quick: bool, *, jobs: int, seed: int = 0, limit: int | None = None,
                traces: Sequence[str] = TRACES, fleets: Sequence[str] | None = None,
-               loads: Sequence[float] = LOADS) -> dict[str, Any]:  # fmt: skip
+               loads: Sequence[float] = LOADS,
+               routing: str | None = None) -> dict[str, Any]:  # fmt: skip
     sizes = QUICK if quick else FULL
     fleets = fleets or (QUICK_FLEETS if quick else FLEETS)
     pairs = [(t, f) for f in fleets for t in traces]
-    out = run_grid(pairs, loads, sizes, limit=limit or sizes.limit, seed=seed, jobs=jobs)
+    out = run_grid(pairs, loads, sizes, limit=limit or sizes.limit, seed=seed, jobs=jobs,
+                   routing=routing)  # fmt: skip
     out["summary"]["mode"] = "matrix-quick" if quick else "matrix"
     return out
 
 
 def run_single(trace: str, fleet: str, loads: Sequence[float], *, limit: int | None,
-               seed: int, jobs: int) -> dict[str, Any]:  # fmt: skip
+               seed: int, jobs: int, routing: str | None = None) -> dict[str, Any]:  # fmt: skip
     out = run_grid([(trace, fleet)], loads, SINGLE, limit=limit or SINGLE.limit, seed=seed,
-                   jobs=jobs)  # fmt: skip
+                   jobs=jobs, routing=routing)  # fmt: skip
     out["summary"]["mode"] = "single"
     return out

@@ -22,8 +22,16 @@ def _write(result: dict[str, Any], json_path: str | None, stem: str) -> None:
 
 def predict_command(*, quick: bool, trace: str | None, fleet: str | None, loads: str,
                     load: float | None, limit: int | None, seed: int, matrix: bool, jobs: int,
-                    explain: bool, json_path: str | None) -> None:  # fmt: skip
+                    explain: bool, json_path: str | None,
+                    routing: str | None = None) -> None:  # fmt: skip
     levels = [load] if load is not None else [float(x) for x in loads.split(",") if x]
+    if routing is not None:
+        import foretoken.sim.cache_aware  # noqa: F401  (registers cache-aware)
+        from foretoken.sim.policy import policy_names
+
+        if routing not in policy_names() or routing.startswith("predictor"):
+            known = ", ".join(n for n in policy_names() if not n.startswith("predictor"))
+            raise ValueError(f"--routing {routing!r}: give a baseline routing policy ({known})")
     if explain:
         from foretoken.bench.explain import explain_command, explain_table
 
@@ -33,11 +41,13 @@ def predict_command(*, quick: bool, trace: str | None, fleet: str | None, loads:
         print(explain_table(result))
         return
     if matrix:
-        result = run_matrix(quick, jobs=jobs, seed=seed, limit=limit, loads=levels)
+        result = run_matrix(quick, jobs=jobs, seed=seed, limit=limit, loads=levels,
+                            routing=routing)  # fmt: skip
         _write(result, json_path, "predict-matrix-quick" if quick else "predict-matrix")
     else:
         if not (trace and fleet):
             raise ValueError("give --trace and --fleet (or --matrix)")
-        result = run_single(trace, fleet, levels, limit=limit, seed=seed, jobs=jobs)
+        result = run_single(trace, fleet, levels, limit=limit, seed=seed, jobs=jobs,
+                            routing=routing)  # fmt: skip
         _write(result, json_path, "predict-cells")
     print(table(result))

@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 import math
 
+import msgspec
+import pytest
+
 from foretoken.bench.accuracy import POLICIES, SCHEMA, fits_everywhere, get_fleet, load_workload
 from foretoken.bench.accuracy_matrix import Sizes, run_grid, table
+from foretoken.bench.predict_bench import BASELINES
+from foretoken.sim.predictor_policy import PredictorPolicy
 
-ROW_KEYS = {"trace", "fleet", "load", "policy", "within_1s", "within_10s", "abs_error_p50_s",
-            "abs_error_p95_s", "abs_error_p99_s", "under_5s", "under_10s", "under_30s",
-            "p90_coverage", "disagreement", "samples", "refused", "rejected"}  # fmt: skip
+ROW_KEYS = {"trace", "fleet", "load", "policy", "routing", "within_1s", "within_10s",
+            "abs_error_p50_s", "abs_error_p95_s", "abs_error_p99_s", "under_5s", "under_10s",
+            "under_30s", "p90_coverage", "disagreement", "samples", "refused",
+            "rejected"}  # fmt: skip
 
 
 def test_a_tiny_cell_grades_every_policy_in_the_stable_schema() -> None:
@@ -50,3 +56,40 @@ def test_prompts_a_fleet_cannot_hold_are_refused_and_counted() -> None:
     assert max(r.prompt_tokens for r in kept) < 10_000
     kept_big, refused_big = load_workload("mix-1k-200k", 300, big)
     assert refused_big == 0 and max(r.prompt_tokens for r in kept_big) > 150_000
+
+
+def test_with_a_baseline_routing_the_predictor_is_graded_on_requests_it_did_not_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--routing``: a baseline routes, the cold predictor predicts as a read replica. Its
+    predictions, made 5 s later, change its own grades and nothing else: the requests, the
+    chosen workers and so the baselines' grades stay the same (a paired comparison)."""
+    sizes = Sizes(limit=40, calibration_steps=2, profile_requests=24)
+
+    def grid() -> dict[tuple[str, str], dict]:
+        result = run_grid([("poisson-long", "small")], [1.0], sizes, limit=40, seed=0, jobs=1,
+                          routing="least-outstanding-tokens")  # fmt: skip
+        assert result["summary"]["routing"] == "least-outstanding-tokens"
+        rows = json.loads(json.dumps(result))["cells"]
+        assert [r["policy"] for r in rows] == ["predictor", *BASELINES]  # no profiled replica
+        assert all(set(r) == ROW_KEYS and r["samples"] == 40 for r in rows)
+        assert {r["routing"] for r in rows} == {"least-outstanding-tokens"}
+        return {(r["policy"], r["routing"]): r for r in rows}
+
+    plain = grid()
+    predict_on = PredictorPolicy.predict_on
+
+    def later(self: PredictorPolicy, request: object, worker_id: object) -> object:
+        mine = predict_on(self, request, worker_id)  # type: ignore[arg-type]
+        return None if mine is None else msgspec.structs.replace(
+            mine, predicted_ttft_s=mine.predicted_ttft_s + 5.0)  # fmt: skip
+
+    monkeypatch.setattr(PredictorPolicy, "predict_on", later)
+    shifted = grid()
+    key = ("predictor", "least-outstanding-tokens")
+    assert shifted[key]["within_1s"] < plain[key]["within_1s"]
+    assert shifted[key]["abs_error_p50_s"] > plain[key]["abs_error_p50_s"]
+    for name in BASELINES:
+        assert (
+            shifted[(name, "least-outstanding-tokens")] == plain[(name, "least-outstanding-tokens")]
+        )
