@@ -36,16 +36,14 @@ routed cell by several points for a small change of a prediction.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from foretoken.bench.baselines import SEED, ShadowBaselines, fit_baselines, warm_started_replica
-from foretoken.bench.predict_bench import BASELINES, PROFILED, accuracy, error_grades
+from foretoken.bench.predict_bench import BASELINES, PROFILED, accuracy
 from foretoken.core.types import RequestId
 from foretoken.settings import load_settings
 from foretoken.sim.generate import WORKLOADS, random_fleet, workload_scale
@@ -54,7 +52,6 @@ from foretoken.sim.predictor_policy import PredictorPolicy
 from foretoken.sim.replay import TRACE_LOADERS, capacity_speedup, replay, summary
 from foretoken.sim.spec import FleetSpec, load_fleet
 from foretoken.sim.traces import TraceRequest, load_azure, load_mooncake
-from foretoken.wire.records import Graded
 
 SCHEMA = "foretoken.bench.predict/1"
 POLICIES = ("predictor", PROFILED, *BASELINES)
@@ -220,27 +217,6 @@ def cell_inputs(prep: Prepared, load: float) -> tuple[list[TraceRequest], FleetS
     return requests, fleet, speedup
 
 
-def replica_accuracy(records: Sequence[Graded], shadow: ShadowBaselines) -> dict[str, Any]:
-    """:func:`~foretoken.bench.predict_bench.accuracy` of a cell routed by a baseline: the
-    cold predictor is the shadow's replica (its last column), graded with the baselines on
-    every served request."""
-    served = [r for r in records if r.status == "served" and r.actual_ttft_s is not None]
-    actual = np.array([r.actual_ttft_s for r in served], dtype=float)
-    flags = [r.cache_disagreement for r in served]
-    disagree = np.array([-1 if f is None else int(f) for f in flags], dtype=int)
-    known = disagree >= 0
-    names = (*BASELINES, "predictor")
-    table = np.array([shadow.predictions[r.request_id] for r in served],
-                     dtype=float).reshape(-1, len(names))  # fmt: skip
-    out: dict[str, Any] = {
-        "requests": len(records), "rejected": sum(r.status == "rejected" for r in records),
-        "cache_disagreement_rate": float(np.mean(disagree[known] == 1)) if known.any() else None,
-    }  # fmt: skip
-    for index, name in enumerate(names):
-        out[name] = error_grades(table[:, index], actual, disagree)
-    return out
-
-
 def cell_rows(prep: Prepared, load: float, graded: dict[str, Any],
               routing: str = "predictor") -> list[dict[str, Any]]:  # fmt: skip
     """One row per policy, in the stable schema (:data:`SCHEMA`); ``routing``: which policy
@@ -276,8 +252,7 @@ def run_cell(prep: Prepared, load: float, routing: str | None = None) -> dict[st
         replica = warm_started_replica(without_schedule(fleet), {})
         shadow = ShadowBaselines(inner, prep.fits, replica)
     result = replay(requests, fleet, shadow, speedup=speedup, progress=False)
-    graded = (accuracy(result.records, shadow) if routing is None
-              else replica_accuracy(result.records, shadow))  # fmt: skip
+    graded = accuracy(result.records, shadow, replica_routed=routing is not None)
     return {
         "rows": cell_rows(prep, load, graded, routing or "predictor"),
         "meta": {"trace": prep.trace, "fleet": prep.fleet, "load": load,

@@ -144,12 +144,17 @@ def error_grades(predicted: np.ndarray, actual: np.ndarray, disagree: np.ndarray
     return out
 
 
-def accuracy(records: Sequence[Graded], shadow: ShadowBaselines) -> dict[str, Any]:
+def accuracy(records: Sequence[Graded], shadow: ShadowBaselines, *,
+             replica_routed: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The grades of every policy of a shadowed replay. ``replica_routed``: a baseline
+    routed (its records carry no prediction), and the shadow's replica, the cold predictor,
+    is graded as ``predictor`` (no p90 then)."""
     served = [
         r
         for r in records
-        if r.status == "served" and r.actual_ttft_s is not None and r.predicted_ttft_s is not None
-    ]
+        if r.status == "served" and r.actual_ttft_s is not None
+        and (replica_routed or r.predicted_ttft_s is not None)
+    ]  # fmt: skip
     actual = np.array([r.actual_ttft_s for r in served], dtype=float)
     flags = [r.cache_disagreement for r in served]
     disagree = np.array([-1 if f is None else int(f) for f in flags])
@@ -158,18 +163,23 @@ def accuracy(records: Sequence[Graded], shadow: ShadowBaselines) -> dict[str, An
         "requests": len(records),
         "rejected": sum(r.status == "rejected" for r in records),
         "cache_disagreement_rate": _fraction(disagree[known] == 1),
-        "predicted_with_default_fit": _fraction(np.array([bool(r.fit_default) for r in served])),
-        "predictor": error_grades(
-            np.array([r.predicted_ttft_s for r in served], dtype=float), actual, disagree
-        ),
     }
-    p90 = np.array([np.nan if r.predicted_ttft_p90_s is None else r.predicted_ttft_p90_s
-                    for r in served], dtype=float)  # fmt: skip
-    carried = ~np.isnan(p90)
-    out["predictor"]["p90_coverage"] = _fraction(actual[carried] <= p90[carried])
-    out["cold_sample_supply"] = cold_sample_supply(records)
-    names = BASELINES + ((PROFILED,) if shadow.replica is not None else ())
-    table = np.array([shadow.predictions[r.request_id] for r in served]).reshape(-1, len(names))
+    if not replica_routed:
+        out["predicted_with_default_fit"] = _fraction(
+            np.array([bool(r.fit_default) for r in served])
+        )
+        out["predictor"] = error_grades(
+            np.array([r.predicted_ttft_s for r in served], dtype=float), actual, disagree
+        )
+        p90 = np.array([np.nan if r.predicted_ttft_p90_s is None else r.predicted_ttft_p90_s
+                        for r in served], dtype=float)  # fmt: skip
+        carried = ~np.isnan(p90)
+        out["predictor"]["p90_coverage"] = _fraction(actual[carried] <= p90[carried])
+        out["cold_sample_supply"] = cold_sample_supply(records)
+    replica = "predictor" if replica_routed else PROFILED
+    names = BASELINES + ((replica,) if shadow.replica is not None else ())
+    table = np.array([shadow.predictions[r.request_id] for r in served],
+                     dtype=float).reshape(-1, len(names))  # fmt: skip
     for index, name in enumerate(names):
         out[name] = error_grades(table[:, index], actual, disagree)
     return out

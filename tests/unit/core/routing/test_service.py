@@ -292,16 +292,26 @@ def test_small_prompts_on_a_chunked_engine_give_no_busy_samples() -> None:
     assert p.fits.describe()[0]["busy_observed"] == 1
 
 
+IDLE_A = 4e-5
+
+
+def _idle_prompt() -> tuple[RouteService, float, float]:
+    """One worker; a 3000-token prompt (two steps at a 2048-token budget) routed at 0 to it
+    idle; its true ``a`` and its TTFT (steps' overhead + a·N + b·N²)."""
+    p = _predictor(1)
+    n = 3000
+    ttft = 2 * p.fits.step_cost("w0").overhead_s + IDLE_A * n + REFERENCE_B_S_PER_TOKEN2 * n * n
+    p.route(RouteRequest(request_id="r0", model=MODEL, token_ids=tuple(range(n))).query(),
+            0.0, 0.0)  # fmt: skip
+    return p, IDLE_A, ttft
+
+
 def test_a_prompt_sent_to_an_idle_worker_is_a_sample_at_once_when_nothing_waits() -> None:
     """Cold start from one request: its TTFT less its steps' overhead (3000 tokens at a
     2048-token budget: two) fits ``a`` (``b`` fixed) at its own first token when no other
     prompt sent before it still waits (none can have shared its steps), before any
     completion or graded record."""
-    p = _predictor(1)
-    n, a = 3000, 4e-5
-    ttft = 2 * p.fits.step_cost("w0").overhead_s + a * n + REFERENCE_B_S_PER_TOKEN2 * n * n
-    p.route(RouteRequest(request_id="r0", model=MODEL, token_ids=tuple(range(n))).query(),
-            0.0, 0.0)  # fmt: skip
+    p, a, ttft = _idle_prompt()
     p.on_outcome(Outcome(request_id="r0", ts=ttft, kind="first_token", worker_id="w0",
                          actual_ttft_s=ttft), ttft)  # fmt: skip
     curve = p.fits.curve("w0")
@@ -312,11 +322,7 @@ def test_a_prompt_sent_to_an_idle_worker_waits_for_the_next_step_when_another_wa
     """The same prompt with a second one sent during its prefill: the second may end in the
     same step, so the first is a sample only once a later first token shows that its last
     step held nothing else."""
-    p = _predictor(1)
-    n, a = 3000, 4e-5
-    ttft = 2 * p.fits.step_cost("w0").overhead_s + a * n + REFERENCE_B_S_PER_TOKEN2 * n * n
-    p.route(RouteRequest(request_id="r0", model=MODEL, token_ids=tuple(range(n))).query(),
-            0.0, 0.0)  # fmt: skip
+    p, a, ttft = _idle_prompt()
     p.route(RouteRequest(request_id="r1", model=MODEL, token_ids=tuple(range(7, 600))).query(),
             0.01, 0.01)  # fmt: skip
     p.on_outcome(Outcome(request_id="r0", ts=ttft, kind="first_token", worker_id="w0",
