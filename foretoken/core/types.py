@@ -313,6 +313,9 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True):
     explore: bool = False
     fallback: bool = False
     conversation_id: str | None = None
+    # The output length the decision's queue model assumed (the client's max_tokens; None:
+    # the route service's default), so that every replica models the request alike.
+    expected_output_tokens: int | None = None
     candidates: tuple[CandidatePrediction, ...] = ()
     # Set when the latency controls moved the request off the predictor's first choice.
     rerouted_from: WorkerId | None = None
@@ -322,6 +325,8 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True):
             raise ValueError("prompt_tokens must be >= 0")
         if self.admitted and self.worker_id is None:
             raise ValueError("an admitted grant names its worker")
+        if self.expected_output_tokens is not None and self.expected_output_tokens < 1:
+            raise ValueError("expected_output_tokens must be >= 1")
         check_finite("predicted_ttft_s", self.predicted_ttft_s)
         check_finite("predicted_ttft_p90_s", self.predicted_ttft_p90_s)
         check_finite("retry_after_s", self.retry_after_s)

@@ -262,6 +262,7 @@ class Decision:
             already_waited_s=request.already_waited_s,
             explore=self.explore,
             conversation_id=request.conversation_id,
+            expected_output_tokens=request.max_tokens,
             candidates=self.candidates,
         )
 

@@ -274,5 +274,5 @@ def decision(
         queue_tokens_ahead=p.queue_tokens_ahead if p else 0, fit=fit,
         max_queue_wait_s=query.max_queue_wait_s, already_waited_s=query.already_waited_s,
         explore=explore, fallback=fallback, conversation_id=query.conversation_id,
-        candidates=candidates,
+        expected_output_tokens=query.expected_output_tokens, candidates=candidates,
     )  # fmt: skip

@@ -92,8 +92,9 @@ class RouteService:
             self.controls.observe_grant(grant, now_s)
         self._withdraw_overruled(grant, now_s)
         if grant.admitted and grant.worker_id is not None:
+            expected = grant.expected_output_tokens or self.config.default_output_tokens
             self.book.enqueue(grant.worker_id, grant.request_id, grant.ts, grant.prompt_tokens,
-                              grant.cached_tokens, self.config.default_output_tokens)  # fmt: skip
+                              grant.cached_tokens, expected)  # fmt: skip
 
     def _withdraw_overruled(self, grant: RouteDecision, now_s: float) -> None:
         """Our decision for this request was not the one the router used (it timed out and

@@ -6,6 +6,7 @@ queue model it was put in."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from foretoken.core.routing.decide import ReplicaShare
@@ -110,3 +111,22 @@ def test_a_decision_replaced_by_another_replicas_grant_leaves_our_queue() -> Non
     a.on_grant(as_record(Grant, own), 0.3)  # our own grant coming back changes nothing
     assert a.book.queues[own.worker_id].get("r2") is not None  # type: ignore[index]
     assert a.overruled == 1
+
+
+def test_another_replicas_grant_is_modelled_with_the_output_length_it_decided_on() -> None:
+    """The grant carries the client's max_tokens as the deciding replica used it, so the
+    request decodes as long in every replica's queue model (a replica used to assume the
+    default, 128 tokens, for every decision it had not made itself)."""
+    a, b = _replicas()
+    theirs = _decide(b, "r1", expected_output_tokens=900)
+    assert theirs.expected_output_tokens == 900
+    a.on_grant(as_record(Grant, theirs), 0.1)
+    entry = a.book.queues[theirs.worker_id].get("r1")  # type: ignore[index]
+    assert entry is not None and entry.expected_output_tokens == 900
+    unsaid = _decide(b, "r2")  # no max_tokens: the default, on both sides
+    a.on_grant(as_record(Grant, unsaid), 0.2)
+    entry = a.book.queues[unsaid.worker_id].get("r2")  # type: ignore[index]
+    assert unsaid.expected_output_tokens is None
+    assert entry is not None and entry.expected_output_tokens == a.config.default_output_tokens
+    with pytest.raises(ValueError, match="expected_output_tokens"):
+        as_record(Grant, msgspec.structs.replace(theirs, expected_output_tokens=0))
