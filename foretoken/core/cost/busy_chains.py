@@ -28,6 +28,13 @@ sent to an idle engine, timed from its send: its start is exact too) waits for s
 — requests sent after it share its first steps, their first tokens come later — and becomes
 the exact sample of every prompt in it, whatever its size (past ``CLEAN_BUDGETS`` budgets it
 gives up waiting and ends as a busy chain does).
+
+Overtaking: on an engine whose long-prefill threshold is below its step budget, a long
+prompt prefills beside shorter prompts sent after it, and their first tokens come first.
+A chain does not end at a first token of a prompt that overtook another still waiting
+(``overtook``): the steps so far carried the overtaken prompt's chunks, so the chain goes
+on until that prompt is in it. And the overtaken prompt does not start a chain of its own
+(the learner's rule): its first token ends a gap that holds only its last steps.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class _Chain:
     last_s: float = 0.0  # its latest first token
     step_s: float = 0.0  # a clean chain's step cost and decoders, as it started
     decoding: float = 0.0
+    overtaken: bool = False  # at its latest first token, a prompt sent before it still waited
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +123,7 @@ class BusyChains:
     def add(
         self, wid: WorkerId, settings: SchedulerSettings, n: int, cached: int, gap_s: float,
         step_s: float, decoding: float, drained: bool = False, settle: bool = True,
+        overtook: bool = False,
     ) -> ChainSample | None:  # fmt: skip
         """A first token ``gap_s`` after the worker's previous one (0: the same step) of a
         prompt of ``n`` tokens, ``cached`` reused. ``step_s``: one decode step's cost with
@@ -122,7 +131,11 @@ class BusyChains:
         waiting for its first token. ``settle``: a clean chain waits for a drained queue;
         else (a worker without a fit yet, which cannot wait) it ends at its first step's
         first tokens, as its steps may also have carried chunks of others. Returns the
-        chain it completed, if any."""
+        chain it completed, if any. ``overtook``: a request sent before this one still
+        waits for its first token — this prompt overtook it (a long prompt capped at the
+        long-prefill threshold, sharing steps with shorter ones), so the steps so far also
+        carried chunks of that prompt: the chain may not end here, it goes on until the
+        overtaken prompt's first token is in it."""
         chain = self.chains.get(wid)
         same = gap_s <= min(SAME_STEP_S, 0.5 * step_s)
         budget = self.budgets * settings.max_num_batched_tokens
@@ -137,12 +150,13 @@ class BusyChains:
             return None
         if chain is not None and chain.clean:  # a later step: it ends here, this one goes on
             sample, chain = self._end_clean(wid, chain, settings), None
-        if chain is not None and not same and chain.u >= budget:
+        if chain is not None and not same and chain.u >= budget and not chain.overtaken:
             sample = _sample(chain, settings, step_s, decoding)
             chain = None
         if chain is None:
             chain = self.chains[wid] = _Chain()
         _extend(chain, n, cached, gap_s, same)
+        chain.overtaken = overtook
         if drained:  # the next first token will not be a busy one: nothing to wait for
             del self.chains[wid]
         return sample

@@ -57,6 +57,8 @@ class Learner:
         # busy-period samples: when each worker last finished a prefill (a first token) or,
         # on an engine that runs one sequence at a time, a whole request
         self.busy_mark_s: dict[WorkerId, float] = {}
+        # and when the request of that first token was sent (a later one may overtake)
+        self.busy_mark_sent: dict[WorkerId, float] = {}
         # Approximate mode: own hashes of prompts sent to workers without KV events, filed
         # in the index as cached there once their first token arrives.
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
@@ -239,6 +241,8 @@ class Learner:
         first first token after a request was sent to an idle engine starts a clean one,
         timed from that send."""
         wid, ts, chains = outcome.worker_id, outcome.ts, self.chains
+        marked_sent = self.busy_mark_sent.get(wid, -math.inf)
+        self.busy_mark_sent[wid] = entry.sent_at_s
         cost = step_cost(self.fits, wid)
         line = self.windows.lines.get(wid)
         decoding = line.decoding if line is not None else 0.0
@@ -270,11 +274,21 @@ class Learner:
             return
         # A clean chain's prompts are still prefilling (it waits for them): never idle.
         same_step = last == ts and entry.sent_at_s < last and chains.has(wid)
-        if not (chains.is_clean(wid) or same_step or entry.sent_at_s < last < ts):
+        # Busy since the previous first token: this request waited through the gap, or one
+        # sent before that still waits (this one overtook it; it prefilled meanwhile).
+        overtook = queue.waiting_sent_before(entry.sent_at_s, outcome.request_id)
+        busy = last < ts and (
+            entry.sent_at_s < last
+            or (chains.has(wid) and queue.waiting_sent_before(last, outcome.request_id))
+        )
+        if not chains.has(wid) and marked_sent > entry.sent_at_s:
+            return  # overtaken: it prefilled before the previous first token too
+        if not (chains.is_clean(wid) or same_step or busy):
             chains.drop(wid)  # it may have paused: start afresh
             return
         sample = chains.add(wid, profile.scheduler, entry.prompt_tokens, entry.cached_tokens,
-                            max(ts - last, 0.0), step_s, decoding, drained, settle)  # fmt: skip
+                            max(ts - last, 0.0), step_s, decoding, drained, settle,
+                            overtook)  # fmt: skip
         self._feed_chain(wid, profile.config_hash, sample, now_s)
 
     def _feed_chain(

@@ -98,3 +98,24 @@ def test_first_tokens_a_fraction_of_a_millisecond_apart_are_one_step() -> None:
     chains.add(W, SETTINGS, 600, 0, 0.0004, step_s=0.01, decoding=0)
     sample = chains.add(W, SETTINGS, 10, 0, 0.1, step_s=0.01, decoding=0)
     assert sample is not None and sample.steps == 2  # ceil(1200 / 1000), not 3 first tokens
+
+
+def test_a_chain_does_not_end_at_a_prompt_that_overtook_one_still_waiting() -> None:
+    """A long prompt capped at the long-prefill threshold shares its steps with shorter
+    prompts sent after it, whose first tokens come first. A chain cut at one of those would
+    leave the long prompt's earlier chunks out of the next chain's time (its whole prefill
+    read in its last few steps: ``a`` 10× too low); it goes on until the long one is in."""
+    chains = BusyChains(budgets=1.0)
+    assert chains.add(W, SETTINGS, 700, 0, 0.4, step_s=0.01, decoding=0, overtook=True) is None
+    assert chains.add(W, SETTINGS, 700, 0, 0.4, step_s=0.01, decoding=0, overtook=True) is None
+    # the overtaken prompt's first token: still open (the chain ends at the next step)
+    assert chains.add(W, SETTINGS, 5000, 0, 0.3, step_s=0.01, decoding=0) is None
+    sample = chains.add(W, SETTINGS, 100, 0, 0.2, step_s=0.01, decoding=0)
+    assert sample is not None and sample.u == 700 + 700 + 5000
+    assert sample.raw_s == pytest.approx(1.1)
+    # without the overtaking, the same first tokens end a chain at the second prompt
+    chains = BusyChains(budgets=1.0)
+    chains.add(W, SETTINGS, 700, 0, 0.4, step_s=0.01, decoding=0)
+    chains.add(W, SETTINGS, 700, 0, 0.4, step_s=0.01, decoding=0)
+    early = chains.add(W, SETTINGS, 5000, 0, 0.3, step_s=0.01, decoding=0)
+    assert early is not None and early.u == 1400

@@ -400,3 +400,27 @@ def test_admission_against_a_quantile_is_stricter_than_the_point() -> None:
     no = strict.route(_req("x", 2048, max_queue_wait_s=bound).query(), 0.0, 0.0)
     assert ok.admitted and not no.admitted
     assert no.reject_reason == "predicted_ttft_exceeds_bound" and no.retry_after_s is not None
+
+
+def test_a_prompt_overtaken_by_later_ones_starts_no_busy_chain() -> None:
+    """A long prompt capped at the long-prefill threshold prefills beside shorter prompts
+    sent after it, whose first tokens come first. Its first token then ends a gap that
+    holds only its last steps: as the start of a chain it would read its whole prefill
+    in them (``a`` 10× too low in one generated fleet, queue waits 10× short)."""
+    index = PrefixIndex()
+    p = RouteService(index, config=PredictorConfig(explore_fraction=0.0))
+    reg = msgspec.structs.replace(_reg("w0"), scheduler=SchedulerSettings(
+        max_num_batched_tokens=2048, max_num_seqs=8, long_prefill_token_threshold=512))  # fmt: skip
+    index.register_worker(reg.worker_id, reg.model, reg.block_size)
+    p.on_registration(reg)
+    sent = {"long": (0.0, 9000), "short": (0.01, 600), "after": (0.3, 700), "last": (0.4, 800)}
+    for k, (t, n) in enumerate(sent.values()):
+        rid = list(sent)[k]
+        body = RouteRequest(request_id=rid, model=MODEL, token_ids=tuple(range(k, k + n)))
+        assert p.route(body.query(), t, t).worker_id == "w0"
+    # the short prompt overtakes the long one; two more first tokens after the long one's
+    for rid, ts in (("short", 0.1), ("long", 0.9), ("after", 1.0), ("last", 1.1)):
+        p.on_outcome(Outcome(request_id=rid, ts=ts, kind="first_token", worker_id="w0",
+                             actual_ttft_s=ts - sent[rid][0]), ts)  # fmt: skip
+    # before, the long prompt began a chain at 0.1 and its 9,000 tokens in 0.8 s were a sample
+    assert p.fits.describe()[0]["busy_observed"] == 0
