@@ -10,10 +10,15 @@ JSON object; ``summary`` is flat, each figure beside the reference's
   engine is full a BlockRemoved evicting its oldest blocks. The index is first filled to
   ``entries`` (10 M; 1 M with ``--quick``), then stores + removals are timed at that size
   (CPU time of ``apply`` alone, on :class:`~foretoken.wire.records.KvEventBatch` records as
-  the ingest service hands them over: token ids as tuples of ints; median of 5 segments).
-  ``ingest_packed_stored_blocks_per_cpu_s``: the same native steady phase with the token
-  ids and hashes as packed bytes (``foretoken_native.NativeIndex.apply_batch``: what the
-  crate does once the conversion from Python ints is out of the way).
+  the ingest service hands them over: token ids packed, ``BlockStored.packed_token_ids``;
+  median of 5 segments). ``ingest_int_ids_stored_blocks_per_cpu_s``: the same records
+  with their token ids as tuples of ints (a producer that does not pack them; the crate
+  reads each int). ``ingest_packed_stored_blocks_per_cpu_s``: the same native steady
+  phase with the hashes packed too (``foretoken_native.NativeIndex.apply_batch``: the
+  crate alone, no struct to read). ``ingest_decode_apply_{json,msgpack}_…`` and
+  ``ingest_decode_apply_int_ids_{json,msgpack}_…``: the worker's whole path, the records
+  encoded as on the ``kv-events`` topic, decoded (:func:`foretoken.wire.codec.decode`)
+  and applied, with the ids packed and as ints.
 * ``lookup_64w_32k_p99_ms``: CPU p99 of ``lookup`` of a 32k-token prompt (a numpy uint32
   array, as the route path has it) over 64 workers, each holding a random prefix of each of
   the 128k-token documents, mostly in GPU, its tail in CPU (hashing included).
@@ -39,25 +44,28 @@ import os
 import platform
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from foretoken.bench.index_ingest import (
+    BLOCK,
+    MODEL,
+    VOCAB,
+    Engine,
+    stored_blocks,
+    token_pool,
+)
 from foretoken.core.index.protocol import Index, make_index
-from foretoken.core.types import EngineBlockHash, ModelName, WorkerId
-from foretoken.wire.records import BlockRemoved, BlockStored, KvEventBatch, Tier
+from foretoken.core.types import EngineBlockHash, WorkerId
+from foretoken.wire.records import BlockStored, KvEventBatch, Tier
 
-MODEL = ModelName("bench-model")
-BLOCK = 16
-VOCAB = 150_000
 BACKENDS = ("native", "python")  # the python backend is the reference
 TARGETS = {
     "ingest_stored_blocks_per_cpu_s": 3_000_000,
@@ -74,159 +82,9 @@ FIGURES = (
 )
 
 
-def _pool(rng: random.Random, size: int = 4096) -> list[tuple[int, ...]]:
-    """Blocks of 16 random token ids."""
-    return [tuple(rng.randrange(VOCAB) for _ in range(BLOCK)) for _ in range(size)]
-
-
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-# --------------------------------------------------------------------------- ingest
-
-
-class Engine:
-    """One worker's batches: chains of stored blocks, FIFO eviction when full."""
-
-    def __init__(
-        self, worker_id: str, rng: random.Random, pool: list[tuple[int, ...]], capacity: int
-    ) -> None:
-        self.worker_id = WorkerId(worker_id)
-        self.rng, self.pool, self.capacity = rng, pool, capacity
-        self.resident: deque[tuple[EngineBlockHash, ...]] = deque()  # oldest first
-        self.held = 0
-        self.tails: list[EngineBlockHash] = []
-        self.seq = 0
-
-    def _stored(self) -> BlockStored:
-        rng, pool = self.rng, self.pool
-        n = rng.randint(16, 64)
-        parent = (
-            self.tails.pop(rng.randrange(len(self.tails)))
-            if self.tails and rng.random() < 0.7
-            else None
-        )
-        tokens = tuple(t for _ in range(n) for t in pool[rng.randrange(len(pool))])
-        hashes = tuple(EngineBlockHash(h) for h in array.array("Q", rng.randbytes(8 * n)))
-        self.resident.append(hashes)
-        self.held += n
-        self.tails.append(hashes[-1])
-        del self.tails[:-8]
-        return BlockStored(
-            block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=BLOCK
-        )
-
-    def batch(self) -> KvEventBatch:
-        events: list[BlockStored | BlockRemoved] = [
-            self._stored() for _ in range(self.rng.randint(1, 3))
-        ]
-        excess = self.held - self.capacity
-        if excess > 0:
-            gone: list[EngineBlockHash] = []
-            while excess > 0:
-                chunk = self.resident.popleft()
-                take = min(excess, len(chunk))
-                gone += chunk[:take]
-                if take < len(chunk):
-                    self.resident.appendleft(chunk[take:])
-                excess -= take
-                self.held -= take
-            dropped = set(gone)
-            self.tails = [t for t in self.tails if t not in dropped]
-            events.append(BlockRemoved(block_hashes=tuple(gone)))
-        self.seq += 1
-        return KvEventBatch(
-            worker_id=self.worker_id, model=MODEL, seq=self.seq, ts=0.0, events=tuple(events)
-        )
-
-
-def stored_blocks(batches: Sequence[KvEventBatch]) -> int:
-    return sum(len(e.block_hashes) for b in batches for e in b.events if isinstance(e, BlockStored))
-
-
-def removed_blocks(batches: Sequence[KvEventBatch]) -> int:
-    return sum(
-        len(e.block_hashes) for b in batches for e in b.events if isinstance(e, BlockRemoved)
-    )
-
-
-def _packed(batch: KvEventBatch) -> list[tuple[Any, ...]]:
-    """The batch's events as ``NativeIndex.apply_batch`` takes them, packed."""
-    out: list[tuple[Any, ...]] = []
-    for e in batch.events:
-        assert isinstance(e, BlockStored | BlockRemoved)
-        hashes = array.array("Q", e.block_hashes).tobytes()
-        if isinstance(e, BlockStored):
-            tokens = array.array("I", e.token_ids).tobytes()
-            out.append(("stored", hashes, e.parent_block_hash, tokens, e.block_size))
-        else:
-            out.append(("removed", hashes))
-    return out
-
-
-def bench_ingest(backend: str, entries: int) -> dict[str, object]:
-    """Run in a fresh process: fill to ``entries``, then time stores + removals."""
-    rng = random.Random(7)
-    pool = _pool(rng)
-    workers = 16
-    engines = [Engine(f"w{i}", rng, pool, entries // workers) for i in range(workers)]
-    index = make_index(backend)  # type: ignore[arg-type]
-    for e in engines:
-        index.register_worker(e.worker_id, MODEL, BLOCK)
-
-    def make(n_batches: int) -> list[KvEventBatch]:
-        return [e.batch() for _ in range(n_batches // workers) for e in engines]
-
-    def apply_all(batches: list[KvEventBatch]) -> float:
-        gc.collect()
-        t0 = time.process_time()
-        for b in batches:
-            index.apply(b, 1.0)
-        return time.process_time() - t0
-
-    fill_cpu, fill_blocks = 0.0, 0
-    while sum(e.held for e in engines) < entries:
-        batches = make(1600)
-        fill_blocks += stored_blocks(batches)
-        fill_cpu += apply_all(batches)
-    for _ in range(2):  # untimed: the recently-removed caches fill and page in
-        apply_all(make(1600))
-    rates, steady, removed = [], 0, 0
-    for _ in range(5):
-        batches = make(1600)
-        n = stored_blocks(batches)
-        steady += n
-        removed += removed_blocks(batches)
-        rates.append(n / apply_all(batches))
-    out: dict[str, object] = {
-        "backend": backend,
-        "workers": workers,
-        "entries": entries,
-        "fill_stored_blocks_per_cpu_s": round(fill_blocks / fill_cpu),
-        "steady_stored_blocks": steady,
-        "steady_removed_blocks": removed,
-        "stored_blocks_per_stored_event": 40,
-        "steady_stored_blocks_per_cpu_s": round(statistics.median(rates)),
-        "steady_segment_rates": [round(r) for r in rates],
-    }
-    core = getattr(index, "_core", None)
-    if core is not None:  # the native crate without the conversion from Python ints
-        batches = make(1600)
-        packed = [(b.worker_id, b.seq, _packed(b)) for b in batches]
-        gc.collect()
-        t0 = time.process_time()
-        for wid, seq, events in packed:
-            core.apply_batch(wid, MODEL, seq, 0, events, 1.0)
-        out["steady_packed_stored_blocks_per_cpu_s"] = round(
-            stored_blocks(batches) / (time.process_time() - t0)
-        )
-    counters = index.totals
-    out["counters"] = {
-        k: getattr(counters, k) for k in counters.__struct_fields__ if getattr(counters, k)
-    }
-    return out
 
 
 # --------------------------------------------------------------------------- lookup
@@ -309,7 +167,7 @@ def _hashes(index: Index, ids: np.ndarray) -> Callable[[], object]:
 
 def bench_lookup(quick: bool) -> dict[str, object]:
     rng = random.Random(11)
-    pool = _pool(rng)
+    pool = token_pool(rng)
     n_docs = 3 if quick else 8
     docs = _documents(rng, n_docs, pool)
     queries = {"native": 200 if quick else 1000, "python": 30 if quick else 200}
@@ -360,7 +218,7 @@ def measure_memory(backend: str, entries: int, sharing: int = 1) -> dict[str, ob
     """Run in a fresh process: RSS growth per (block, worker) entry after storing
     ``entries`` entries as 32-block chains on 64 workers (each block on ``sharing``)."""
     rng = random.Random(5)
-    pool = _pool(rng)
+    pool = token_pool(rng)
     workers = 64
     index = make_index(backend)  # type: ignore[arg-type]
     ids = [WorkerId(f"w{i}") for i in range(workers)]
@@ -408,7 +266,7 @@ CALLGRIND_K = {
 def callgrind_op(op: str, backend: str, k: int) -> None:
     """The operation run under callgrind: a small setup, then ``k`` operations."""
     rng = random.Random(1)
-    pool = _pool(rng, 512)
+    pool = token_pool(rng, 512)
     if op == "ingest":
         engines = [Engine(f"w{i}", rng, pool, 20_000) for i in range(16)]
         index = make_index(backend)  # type: ignore[arg-type]
@@ -519,6 +377,11 @@ def summarize(result: dict[str, Any]) -> dict[str, object]:
     summary["ingest_packed_stored_blocks_per_cpu_s"] = ingest["native"].get(
         "steady_packed_stored_blocks_per_cpu_s"
     )
+    for name in ("int_ids", "decode_apply_json", "decode_apply_msgpack",
+                 "decode_apply_int_ids_json", "decode_apply_int_ids_msgpack"):  # fmt: skip
+        summary[f"ingest_{name}_stored_blocks_per_cpu_s"] = ingest["native"].get(
+            f"steady_{name}_stored_blocks_per_cpu_s"
+        )
     summary["lookup_64w_32k_p50_ms"] = lookup["64_workers_native"]["32k_tokens"]["cpu_p50_ms"]
     summary["lookup_64w_32k_wall_p99_ms"] = lookup["64_workers_native"]["32k_tokens"]["wall_p99_ms"]
     summary["entries"] = ingest["native"]["entries"]

@@ -177,9 +177,15 @@ def prompt_fits(
 
 
 class BlockStored(msgspec.Struct, kw_only=True, frozen=True, tag="stored"):
+    """A store. Its prompt tokens come as ``token_ids`` or, as the ingest decoder writes
+    them, ``packed_token_ids``: unsigned 32-bit little-endian ids, 4 bytes each (a msgpack
+    ``bin``, base64 in JSON), which the record's decoder and the index read without a
+    Python int per token. An event carries one of the two; ``tokens`` is whichever it has."""
+
     block_hashes: tuple[EngineBlockHash, ...]
     parent_block_hash: EngineBlockHash | None = None
     token_ids: tuple[int, ...] = ()
+    packed_token_ids: bytes = b""
     block_size: int
     lora_name: str | None = None
     medium: Tier = "GPU"
@@ -194,6 +200,25 @@ class BlockStored(msgspec.Struct, kw_only=True, frozen=True, tag="stored"):
             _check_u64("parent_block_hash", (self.parent_block_hash,))
         if self.block_size < 0:
             raise ValueError("block_size must be >= 0")
+        if len(self.packed_token_ids) % 4:
+            raise ValueError("packed_token_ids must be 4 bytes per token")
+        if self.token_ids and self.packed_token_ids:
+            raise ValueError("give token_ids or packed_token_ids, not both")
+
+    @property
+    def tokens(self) -> tuple[int, ...] | bytes:
+        """The prompt tokens as the event carries them (packed bytes or ints)."""
+        return self.packed_token_ids or self.token_ids
+
+    @property
+    def token_count(self) -> int:
+        return len(self.packed_token_ids) // 4 or len(self.token_ids)
+
+    def token_id_list(self) -> list[int]:
+        """The token ids as ints, whichever way they came (not for the hot path)."""
+        if not self.packed_token_ids:
+            return list(self.token_ids)
+        return np.frombuffer(self.packed_token_ids, dtype="<u4").tolist()
 
 
 class BlockRemoved(msgspec.Struct, kw_only=True, frozen=True, tag="removed"):

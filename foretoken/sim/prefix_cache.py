@@ -63,12 +63,9 @@ TokenIds = Sequence[int] | np.ndarray
 GPU: Tier = "GPU"
 
 
-def _token_list(token_ids: TokenIds) -> list[int]:
-    """Token ids as Python ints (an event's payload), fast for numpy arrays."""
-    if isinstance(token_ids, np.ndarray):
-        tokens: list[int] = token_ids.tolist()
-        return tokens
-    return list(token_ids)
+def _packed(token_ids: TokenIds) -> bytes:
+    """Token ids as an event's ``packed_token_ids`` (u32 little-endian)."""
+    return np.ascontiguousarray(token_ids, dtype="<u4").tobytes()
 
 
 # A digest family as a hash-object constructor (``constructor(data).digest()``).
@@ -141,7 +138,7 @@ class CacheHit:
 
 
 # What an offload BlockStored of a block says: its parent's hash and its token ids.
-_BlockContent = tuple[EngineBlockHash | None, tuple[int, ...]]
+_BlockContent = tuple[EngineBlockHash | None, bytes]  # parent, packed token ids
 
 
 @dataclass(slots=True)
@@ -386,21 +383,20 @@ class PrefixCache:
                 held[slot] = None
         if not self._emit:
             return
-        tokens = (
-            _token_list(table.token_ids[start * size : end * size]) if self._with_tokens else []
-        )
+        # packed, as the ingest decoder writes them (no Python int per token)
+        tokens = _packed(table.token_ids[start * size : end * size]) if self._with_tokens else b""
         if self._keep_content:
-            content = self._content
+            content, width = self._content, 4 * size
             for index in range(start, end):
                 if hashes[index] not in content:
-                    offset = (index - start) * size
+                    offset = (index - start) * width
                     parent = hashes[index - 1] if index > 0 else None
-                    content[hashes[index]] = (parent, tuple(tokens[offset : offset + size]))
+                    content[hashes[index]] = (parent, tokens[offset : offset + width])
         self._events.append(
             BlockStored(
                 block_hashes=hashes[start:end],
                 parent_block_hash=hashes[start - 1] if start > 0 else None,
-                token_ids=tuple(tokens),
+                packed_token_ids=tokens,
                 block_size=size,
                 medium=GPU,
             )
@@ -491,12 +487,12 @@ class PrefixCache:
             self._forget_if_gone(block_hash)
 
     def _store_event(self, block_hash: EngineBlockHash, medium: Tier) -> None:
-        parent, tokens = self._content[block_hash] if self._keep_content else (None, ())
+        parent, tokens = self._content[block_hash] if self._keep_content else (None, b"")
         self._events.append(
             BlockStored(
                 block_hashes=(block_hash,),
                 parent_block_hash=parent,
-                token_ids=tokens,
+                packed_token_ids=tokens,
                 block_size=self.block_size,
                 medium=medium,
             )

@@ -38,6 +38,7 @@ from foretoken.wire.records import (
     KvEventBatch,
     Tier,
 )
+from foretoken.wire.route_rpc import pack_token_ids
 
 M = ModelName("m")
 # name: (block size, eagle, store-only ttl, capacity)
@@ -119,10 +120,12 @@ class Stream:
         keys = rng.choice(KEYS)
         medium = rng.choice(MEDIA)
         full = rng.random() > 0.05
+        packed = rng.random() < 0.5  # as the ingest decoder writes them, or as ints
         event = BlockStored(
             block_hashes=tuple(map(EngineBlockHash, hashes)),
             parent_block_hash=None if parent is None else EngineBlockHash(parent),
-            token_ids=tuple(tokens),
+            token_ids=() if packed else tuple(tokens),
+            packed_token_ids=pack_token_ids(tokens) if packed else b"",
             block_size=size if rng.random() > 0.03 else 3,
             lora_name=lora,
             medium=medium,

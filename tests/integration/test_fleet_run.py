@@ -77,7 +77,7 @@ def test_streaming_first_token_kv_events_and_cached_tokens(fleet_engines: list[d
     sub.close(0)
     hashes = [h for e in stored for h in e.block_hashes]
     assert len(hashes) == 40 and len(set(hashes)) == 40
-    assert [t for e in stored for t in e.token_ids] == prompt[: 40 * engine["block_size"]]
+    assert [t for e in stored for t in e.token_id_list()] == prompt[: 40 * engine["block_size"]]
 
 
 def test_non_streaming_chat_and_errors(fleet_engines: list[dict]) -> None:

@@ -92,6 +92,7 @@ from foretoken.wire.records import (
     KvEventBatch,
     Tier,
 )
+from foretoken.wire.route_rpc import pack_token_ids
 
 Engine = Literal["vllm", "sglang"]
 
@@ -427,9 +428,9 @@ class _EventDecoder:
         parent = None if parent_raw is None else normalize_engine_hash(parent_raw)
         tokens = self._tokens(fields.get("token_ids"))
         block_size = _opt_int(fields.get("block_size"), "block_size") or self.default_block_size
-        if tokens and len(tokens) != len(hashes) * block_size:
+        if tokens and len(tokens) != 4 * len(hashes) * block_size:
             raise DecodeError(
-                f"{len(tokens)} token ids do not fill {len(hashes)} blocks of {block_size}"
+                f"{len(tokens) // 4} token ids do not fill {len(hashes)} blocks of {block_size}"
             )
         lora_id = fields.get("lora_id")
         if lora_id is not None and (isinstance(lora_id, bool) or not isinstance(lora_id, int)):
@@ -447,7 +448,7 @@ class _EventDecoder:
         return BlockStored(
             block_hashes=hashes,
             parent_block_hash=parent,
-            token_ids=tokens,
+            packed_token_ids=tokens,
             block_size=block_size,
             lora_name=lora_name,
             medium=tier,
@@ -456,17 +457,24 @@ class _EventDecoder:
             extra_keys=extra,
         )
 
-    def _tokens(self, value: Any) -> tuple[int, ...]:
+    def _tokens(self, value: Any) -> bytes:
+        """The ids packed (``BlockStored.packed_token_ids``): the record's consumers and the
+        index then read them without a Python int per token."""
         if value is None:
-            return ()
+            return b""
         if not isinstance(value, list):
             raise DecodeError(f"token_ids must be an array, got {type(value).__name__}")
         if self.engine == "sglang":
             value = [_bigram_head(t) for t in value]
-        for t in value:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
-                raise DecodeError(f"token ids are ints in [0, 2**32), got {t!r:.40}")
-        return tuple(value)
+        try:  # array("I") takes only ints in [0, 2**32), bools aside
+            packed: bytes | None = pack_token_ids(value)
+        except (TypeError, OverflowError):
+            packed = None
+        if packed is None or bool in set(map(type, value)):
+            bad = next(t for t in value if isinstance(t, bool) or not isinstance(t, int)
+                       or not 0 <= t <= MAX_TOKEN_ID)  # fmt: skip
+            raise DecodeError(f"token ids are ints in [0, 2**32), got {bad!r:.40}")
+        return packed
 
     def _extra_keys(self, fields: Mapping[Any, Any], blocks: int, root: bool) -> tuple[str, ...]:
         if self.engine == "sglang":

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 2000
 # Bytes per encoded event, estimated: decides whether encoding runs off the event loop.
 BYTES_PER_HASH, BYTES_PER_TOKEN, BYTES_PER_EVENT = 21, 11, 200
+BYTES_PER_PACKED_BYTE = 2  # base64 in JSON: 4/3, rounded up
 
 
 def estimated_size(batch: KvEventBatch) -> int:
@@ -37,6 +38,7 @@ def estimated_size(batch: KvEventBatch) -> int:
     for event in batch.events:
         total += BYTES_PER_EVENT + BYTES_PER_HASH * len(getattr(event, "block_hashes", ()))
         total += BYTES_PER_TOKEN * len(getattr(event, "token_ids", ()))
+        total += BYTES_PER_PACKED_BYTE * len(getattr(event, "packed_token_ids", b""))
     return total
 
 

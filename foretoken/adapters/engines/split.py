@@ -89,7 +89,8 @@ def _cut(event: KvEvent, budget: int, fmt: WireFormat, dropped: list[str]) -> li
 
 def _cuttable(event: BlockStored) -> bool:
     n = len(event.block_hashes)
-    tokens_ok = not event.token_ids or len(event.token_ids) == n * event.block_size
+    count = event.token_count
+    tokens_ok = not count or count == n * event.block_size
     return tokens_ok and (not event.extra_keys or len(event.extra_keys) == n)
 
 
@@ -103,5 +104,6 @@ def _slice(event: BlockStored | BlockRemoved, start: int, stop: int) -> KvEvent:
         block_hashes=hashes,
         parent_block_hash=event.parent_block_hash if start == 0 else event.block_hashes[start - 1],
         token_ids=event.token_ids[start * bs : stop * bs] if event.token_ids else (),
+        packed_token_ids=event.packed_token_ids[4 * start * bs : 4 * stop * bs],
         extra_keys=event.extra_keys[start:stop] if event.extra_keys else (),
     )

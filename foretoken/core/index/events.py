@@ -30,7 +30,8 @@ def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -
         return
     hashes = event.block_hashes
     tier = tier_index(event.medium)
-    if not event.token_ids:
+    tokens = event.tokens
+    if not tokens:
         move(worker, hashes, tier, now_s, stats)
         return
     if event.block_size != worker.block_size:
@@ -48,7 +49,7 @@ def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -
                 stats.recovered_parents += 1
     if seed is None:
         seed = worker.space.seed(event.lora_name)
-    owns = content_hash.chain(seed, event.token_ids, worker.block_size, event.extra_keys)
+    owns = content_hash.chain(seed, tokens, worker.block_size, event.extra_keys)
     if len(owns) != len(hashes):
         stats.malformed_blocks += abs(len(hashes) - len(owns))
         hashes = hashes[: len(owns)]

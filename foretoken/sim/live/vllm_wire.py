@@ -194,7 +194,7 @@ def _wire_event(event: KvEvent, encoding: Encoding, block_size: int) -> msgspec.
         return stored(
             block_hashes=list(event.block_hashes),
             parent_block_hash=event.parent_block_hash,
-            token_ids=list(event.token_ids),
+            token_ids=event.token_id_list(),
             block_size=event.block_size if event.block_size > 0 else block_size,
             lora_id=None,
             medium=MEDIUM_NAMES[event.medium],

@@ -4,7 +4,7 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use super::args::{
     extract_keys, extract_tokens, extract_u64s, opt_string, opt_tier, opt_u64, tier_of, TokenHold,
@@ -157,7 +157,16 @@ fn parse_struct<'py>(ev: &Bound<'py, PyAny>) -> PyResult<Raw<'py>> {
     let name = ev.get_type().name()?;
     match name.to_str()? {
         "BlockStored" => {
-            let tokens = ev.getattr(intern!(py, "token_ids"))?;
+            // the packed ids when the event has them (what ingest writes), else the ints
+            let mut tokens = ev.getattr(intern!(py, "token_ids"))?;
+            if let Ok(packed) = ev.getattr(intern!(py, "packed_token_ids")) {
+                if packed
+                    .cast::<PyBytes>()
+                    .is_ok_and(|b| !b.as_bytes().is_empty())
+                {
+                    tokens = packed;
+                }
+            }
             Ok(Raw::Stored(RawStored {
                 hashes: extract_u64s(&ev.getattr(intern!(py, "block_hashes"))?)?,
                 parent: opt_u64(&ev.getattr(intern!(py, "parent_block_hash"))?)?,

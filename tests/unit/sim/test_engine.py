@@ -270,6 +270,10 @@ def test_a_cpu_tier_hit_costs_its_load_time() -> None:
     assert (first.cached_tokens, first.cached_tier) == (40, "CPU")
 
 
+def _packed(*ids: int) -> bytes:
+    return np.array(ids, dtype="<u4").tobytes()
+
+
 def test_steps_publish_blocks_as_they_fill() -> None:
     engine = EngineModel(make_spec(budget=6))
     submit(engine, "a", tokens(10), 1, at=0.0)
@@ -277,11 +281,19 @@ def test_steps_publish_blocks_as_they_fill() -> None:
     first, second = run_until_idle(engine)
     assert first.kv_events == (
         BlockStored(
-            block_hashes=(h0,), parent_block_hash=None, token_ids=(0, 1, 2, 3), block_size=4
+            block_hashes=(h0,),
+            parent_block_hash=None,
+            packed_token_ids=_packed(0, 1, 2, 3),
+            block_size=4,
         ),
     )
     assert second.kv_events == (
-        BlockStored(block_hashes=(h1,), parent_block_hash=h0, token_ids=(4, 5, 6, 7), block_size=4),
+        BlockStored(
+            block_hashes=(h1,),
+            parent_block_hash=h0,
+            packed_token_ids=_packed(4, 5, 6, 7),
+            block_size=4,
+        ),
     )
 
 

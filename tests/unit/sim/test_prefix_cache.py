@@ -210,7 +210,7 @@ def test_gpu_eviction_offloads_to_cpu_and_a_cpu_hit_is_loaded_back() -> None:
     assert removed(events) == [a1, a0]
     assert stored(events, "CPU") == [a1, a0]
     cpu_store = next(e for e in events if isinstance(e, BlockStored) and e.medium == "CPU")
-    assert cpu_store.parent_block_hash == a0 and cpu_store.token_ids == tuple(A[4:])
+    assert cpu_store.parent_block_hash == a0 and cpu_store.token_id_list() == list(A[4:])
     # A again, plus a token: both blocks come from the CPU tier and are loaded into GPU.
     hit = serve(cache, "a2", [*A, 1])
     assert hit.tiers == ("CPU", "CPU")

@@ -18,6 +18,7 @@ from foretoken.wire.codec import DecodeError, decode, encode, normalize_engine_h
 from foretoken.wire.records import (
     RECORD_TYPES,
     SCHEMA_VERSION,
+    BlockStored,
     Grant,
     KvEventBatch,
     Outcome,
@@ -166,3 +167,31 @@ def test_a_route_request_carries_its_tokens_packed() -> None:
     both = {"request_id": "r", "model": "m", "token_ids": [1], "packed_token_ids": "AAAAAA=="}
     with pytest.raises(DecodeError, match="not both"):
         decode(json.dumps(both).encode(), RouteRequest)
+
+
+def test_a_store_carries_its_tokens_packed_and_old_records_still_decode() -> None:
+    from foretoken.wire.route_rpc import pack_token_ids
+
+    ids = [0, 7, 150_000, 2**32 - 1]
+    stored = BlockStored(block_hashes=(1,), packed_token_ids=pack_token_ids(ids), block_size=4)
+    batch = KvEventBatch(worker_id="w", model="m", seq=1, ts=0.0, events=(stored,))
+    for wire in ("json", "msgpack"):
+        (back,) = decode(encode(batch, wire), KvEventBatch).events
+        assert isinstance(back, BlockStored)
+        assert back.token_id_list() == ids and back.token_count == 4 and not back.token_ids
+    old = {
+        "worker_id": "w",
+        "model": "m",
+        "seq": 1,
+        "ts": 0.0,
+        "schema_version": 1,
+        "events": [{"type": "stored", "block_hashes": [1], "token_ids": ids, "block_size": 4}],
+    }
+    (back,) = decode(json.dumps(old).encode(), KvEventBatch).events
+    assert isinstance(back, BlockStored) and back.tokens == tuple(ids) and back.token_count == 4
+    event = old["events"][0]  # type: ignore[index]
+    for bad, reason in (({"packed_token_ids": "AAAA"}, "4 bytes per token"),
+                        ({"packed_token_ids": "AAAAAA=="}, "not both")):  # fmt: skip
+        fields = {**event, **bad} if reason == "not both" else {**event, "token_ids": [], **bad}
+        with pytest.raises(DecodeError, match=reason):
+            decode(json.dumps({**old, "events": [fields]}).encode(), KvEventBatch)

@@ -81,7 +81,7 @@ def test_vllm_map_event_as_published_by_a_current_engine() -> None:
     (stored,) = batch.events
     assert isinstance(stored, BlockStored)
     assert stored.block_hashes == (15760518052499183552,)  # > 2**63 kept as is
-    assert stored.token_ids == tuple(tokens)
+    assert stored.token_id_list() == tokens and not stored.token_ids  # packed
     assert (stored.medium, stored.group_idx, stored.full_attention) == ("GPU", 0, True)
     assert stored.extra_keys == () and stored.parent_block_hash is None
 
@@ -157,7 +157,7 @@ def test_offload_store_with_empty_tokens_and_block_size_zero() -> None:
     event = stored_map(block_hashes=[1, 2, 3], token_ids=[], block_size=0, medium="CPU")
     (stored,) = vllm([1.0, [event], 0]).batch.events
     assert isinstance(stored, BlockStored)
-    assert stored.token_ids == () and stored.block_hashes == (1, 2, 3)
+    assert stored.token_count == 0 and stored.block_hashes == (1, 2, 3)
     assert stored.block_size == BS and stored.medium == "CPU"
 
 
@@ -259,7 +259,7 @@ def test_sglang_merged_page_size_one_stores_and_cpu_pinned() -> None:
     decoded = sglang([1.0, [event], 1])
     (stored,) = decoded.batch.events
     assert isinstance(stored, BlockStored) and decoded.batch.dp_rank == 1
-    assert stored.token_ids == (10, 11, 12) and stored.block_size == 1
+    assert stored.token_id_list() == [10, 11, 12] and stored.block_size == 1
     assert stored.medium == "CPU" and len(stored.block_hashes) == 3
 
 
@@ -267,7 +267,7 @@ def test_sglang_eagle_bigram_token_ids_keep_the_page_token() -> None:
     # EAGLE pages expose (raw[j], raw[j+1]) pairs; the page's tokens are raw[j].
     event = ["BlockStored", [1], None, [[7, 8], [8, 9]], 2, None, "GPU"]
     (stored,) = sglang([1.0, [event], 0]).batch.events
-    assert isinstance(stored, BlockStored) and stored.token_ids == (7, 8)
+    assert isinstance(stored, BlockStored) and stored.token_id_list() == [7, 8]
 
 
 def test_sglang_cache_salt_in_array_metadata_and_in_map() -> None:

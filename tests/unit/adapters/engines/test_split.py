@@ -3,6 +3,7 @@ and the records, applied in order, change the index exactly as the whole batch w
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from foretoken.wire.records import (
     KvEventBatch,
     WireFormat,
 )
+from foretoken.wire.route_rpc import pack_token_ids
 
 W, M, BS = WorkerId("w"), ModelName("m"), 4
 
@@ -35,10 +37,13 @@ def _index() -> PrefixIndex:
     return index
 
 
-def _chain(first: int, blocks: int, salt: str | None = None) -> BlockStored:
+def _chain(first: int, blocks: int, salt: str | None = None, packed: bool = False) -> BlockStored:
+    """Token ids as ints, or ``packed`` as the ingest decoder writes them."""
+    tokens = tuple((first * 7 + i) % 50_000 for i in range(blocks * BS))
     return BlockStored(
         block_hashes=tuple(range(first, first + blocks)),
-        token_ids=tuple((first * 7 + i) % 50_000 for i in range(blocks * BS)),
+        token_ids=() if packed else tokens,
+        packed_token_ids=pack_token_ids(tokens) if packed else b"",
         block_size=BS,
         extra_keys=(f'["{salt}"]',) + ("",) * (blocks - 1) if salt else (),
     )
@@ -62,8 +67,9 @@ def test_a_small_batch_is_one_record() -> None:
     assert len(records.values) == 1 and not records.split and not records.dropped
 
 
-def test_a_huge_store_is_cut_into_chained_pieces_that_index_the_same() -> None:
-    event = _chain(1000, 5000, salt="tenant")
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_huge_store_is_cut_into_chained_pieces_that_index_the_same(packed: bool) -> None:
+    event = _chain(1000, 5000, salt="tenant", packed=packed)
     batch = _batch([event, BlockRemoved(block_hashes=(1000, 1001)), AllCleared(medium="CPU")])
     for fmt in ("json", "msgpack"):
         records = encode_records(batch, 32 * 1024, fmt)  # type: ignore[arg-type]
@@ -71,13 +77,19 @@ def test_a_huge_store_is_cut_into_chained_pieces_that_index_the_same() -> None:
         assert all(len(v) <= 32 * 1024 for v in records.values)
         parts = [decode(v, KvEventBatch) for v in records.values]
         assert {(p.worker_id, p.seq, p.ts) for p in parts} == {(W, 7, 1.0)}
-        prompt = list(event.token_ids)
+        prompt = event.token_id_list()
         _same(_applied([batch]), _applied(parts), [prompt, prompt[: 40 * BS]])
 
 
 events = st.lists(
     st.one_of(
-        st.builds(_chain, st.integers(1, 10**6), st.integers(1, 400), st.sampled_from([None, "s"])),
+        st.builds(
+            _chain,
+            st.integers(1, 10**6),
+            st.integers(1, 400),
+            st.sampled_from([None, "s"]),
+            st.booleans(),
+        ),
         st.builds(
             lambda n, k: BlockRemoved(block_hashes=tuple(range(n, n + k))),
             st.integers(1, 10**6),
@@ -99,7 +111,7 @@ def test_records_fit_and_apply_like_the_batch(
     records = encode_records(batch, limit, fmt)
     assert not records.dropped and all(len(v) <= limit for v in records.values)
     parts = [decode(v, KvEventBatch) for v in records.values]
-    prompts = [list(e.token_ids) for e in events if isinstance(e, BlockStored)]
+    prompts = [e.token_id_list() for e in events if isinstance(e, BlockStored)]
     _same(_applied([batch]), _applied(parts), prompts)
 
 
