@@ -80,6 +80,9 @@ class Decider:
         # Set by the processor from the members it sees (None: one replica, no share).
         self.share: ReplicaShare | None = None
         self.share_moves = 0  # decisions that took an owned near-tie over the best
+        # The clock of the decision in progress (set by the route service): the quantiles
+        # count the censored residuals of requests still waiting at that time.
+        self.now_s: float | None = None
 
     # ------------------------------------------------------------------ choice
 
@@ -213,7 +216,8 @@ class Decider:
         """The calibrated q-quantile of the candidate's TTFT."""
         p = c.prediction
         default = self.fits.curve(p.worker_id).default
-        return self.quantiles.upper(p.worker_id, p.predicted_ttft_s, q, p.queue_wait_s, default)
+        return self.quantiles.upper(p.worker_id, p.predicted_ttft_s, q, p.queue_wait_s, default,
+                                    self.now_s)  # fmt: skip
 
     def meets(self, query: RouteQuery, c: Candidate) -> bool:
         """Whether the candidate meets the request's bound: its predicted TTFT, or with

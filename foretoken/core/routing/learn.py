@@ -191,6 +191,7 @@ class Learner:
     def forget(self, rid: RequestId) -> None:
         self.served_prompts.pop(rid, None)
         self.windows.forget(rid)
+        self.quantiles.drop(rid)
 
     def _observe_served(self, outcome: RequestOutcome, now_s: float) -> None:
         """A prompt routed to a worker without KV events is cached there once its prefill

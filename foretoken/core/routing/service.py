@@ -125,6 +125,8 @@ class RouteService:
             self.controls.observe_outcome(outcome, now_s)
         if outcome.kind == "first_token" and outcome.actual_ttft_s is not None:
             self._residual(outcome, outcome.actual_ttft_s)
+        if outcome.status != "ok" or outcome.kind == "completion":
+            self.quantiles.drop(outcome.request_id)  # no residual will come (or it came)
         self.learner.on_outcome(outcome, now_s)
 
     def _residual(self, outcome: RequestOutcome, actual_s: float) -> None:
@@ -202,6 +204,7 @@ class RouteService:
         self, query: RouteQuery, candidates: list[Candidate], now_s: float, ts: float
     ) -> RouteDecision:
         decider = self.decider
+        decider.now_s = now_s
         best = decider.choose(query, candidates)
         first = best.prediction.worker_id
         best, shed = decider.controlled(query, best, candidates, now_s)
@@ -234,6 +237,10 @@ class RouteService:
                           result.cached_tokens, expected)  # fmt: skip
         self.learner.remember_prompt(query.request_id, query.tokens, wid)
         self.decider.remember_conversation(query, wid)
+        if result.predicted_ttft_s is not None and not result.fallback:
+            default = result.fit.default if result.fit is not None else None
+            self.quantiles.sent(query.request_id, wid, result.predicted_ttft_s,
+                                result.queue_wait_s, default, now_s)  # fmt: skip
 
     def _no_candidate(self, query: RouteQuery, ts: float) -> RouteDecision:
         """No worker of the model can hold the prompt, or none serves the model."""

@@ -72,3 +72,47 @@ def test_a_removed_worker_forgets_its_own_residuals() -> None:
     _stream(q, rng, 100, 0.3)
     q.forget(W1)
     assert q.upper(W1, 10.0, 0.9, 1.0, False) == pytest.approx(q.upper(W2, 10.0, 0.9, 1.0, False))
+
+
+def _censored_scene(censored: bool) -> tuple[float, float]:
+    """A queue that grows: the requests that came back were over-predicted (actual =
+    0.8·predicted); forty sent later are still waiting, each already past its prediction.
+    Returns the p90 upper bound of a 10 s prediction, with and without ``now_s``."""
+    q = TtftQuantiles(QuantileConfig(censored=censored))
+    for i in range(40):
+        q.sent(RequestId(f"done-{i}"), W1, 1.0, 1.0, False, now_s=0.0)
+        q.observe(RequestId(f"done-{i}"), W1, 1.0, 0.8, 1.0, False)
+    for i in range(40):  # predicted 1 s at t = 1, still waiting at t = 4
+        q.sent(RequestId(f"slow-{i}"), W1, 1.0, 1.0, False, now_s=1.0)
+    return q.upper(W1, 10.0, 0.9, 1.0, False, now_s=4.0), q.upper(W1, 10.0, 0.9, 1.0, False)
+
+
+def test_requests_still_waiting_past_the_quantile_raise_it() -> None:
+    with_now, without_now = _censored_scene(censored=True)
+    assert without_now == pytest.approx(10.1 * 0.9 / 1.1 - 0.1)  # the finished ones alone
+    # at least log(3.1 / 1.1) each: half the window is above, so the p90 is one of them
+    assert with_now == pytest.approx(10.1 * 3.1 / 1.1 - 0.1)
+    off, _ = _censored_scene(censored=False)
+    assert off == pytest.approx(without_now)
+
+
+def test_waiting_requests_that_end_or_are_dropped_stop_counting() -> None:
+    q = TtftQuantiles()
+    for i in range(40):
+        q.observe(RequestId(f"done-{i}"), W1, 1.0, 0.8, 1.0, False)
+    for i in range(40):
+        q.sent(RequestId(f"slow-{i}"), W1, 1.0, 1.0, False, now_s=1.0)
+    high = q.upper(W1, 10.0, 0.9, 1.0, False, now_s=4.0)
+    for i in range(40):
+        q.drop(RequestId(f"slow-{i}"))  # failed or withdrawn: no residual will come
+    assert q.upper(W1, 10.0, 0.9, 1.0, False, now_s=4.1) < high
+    q.sent(RequestId("late"), W1, 1.0, 1.0, False, now_s=1.0)
+    q.observe(RequestId("late"), W1, 1.0, 1.2, 1.0, False)  # its residual replaces its bound
+    q.sent(RequestId("late"), W1, 1.0, 1.0, False, now_s=5.0)  # seen: not waiting again
+    assert q.upper(W1, 10.0, 0.9, 1.0, False, now_s=9.0) < high
+    stale = TtftQuantiles(QuantileConfig(pending_max_s=2.0))
+    for i in range(40):
+        stale.observe(RequestId(f"done-{i}"), W1, 1.0, 0.8, 1.0, False)
+        stale.sent(RequestId(f"lost-{i}"), W1, 1.0, 1.0, False, now_s=0.0)
+    base = stale.upper(W1, 10.0, 0.9, 1.0, False)
+    assert stale.upper(W1, 10.0, 0.9, 1.0, False, now_s=5.0) == pytest.approx(base)

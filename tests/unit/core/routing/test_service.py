@@ -388,6 +388,33 @@ def test_grants_carry_a_p90_learned_from_first_tokens() -> None:
     assert p.quantiles.observed == 40
 
 
+def test_requests_still_waiting_count_in_the_p90_and_leave_when_answered() -> None:
+    p = _predictor(1, quantile_min_samples=10)
+    for t in (0.0, 500.0):  # queues, each request answered at its prediction (the first
+        grants = [p.route(_req(f"r{t}-{i}", 2048).query(), t, t) for i in range(20)]
+        for g in grants:  # round also teaches the curve: the second's are fitted)
+            assert g.predicted_ttft_s is not None
+            _served(p, g.request_id, g.predicted_ttft_s, t + g.predicted_ttft_s)
+    assert not p.quantiles._waiting
+    for i in range(20):  # another queue, still without a first token 60 s later
+        p.route(_req(f"stuck{i}", 2048).query(), 1000.0, 1000.0)
+    assert len(p.quantiles._waiting) == 20
+    late = p.route(_req("late", 2048).query(), 1060.0, 1060.0)
+    assert late.predicted_ttft_s is not None and late.predicted_ttft_p90_s is not None
+    wait, default = late.queue_wait_s, late.fit.default if late.fit is not None else None
+    args = ("w0", late.predicted_ttft_s, 0.9, wait, default)
+    blind = p.quantiles.upper(*args)  # type: ignore[arg-type]
+    seen = p.quantiles.upper(*args, 1060.0)  # type: ignore[arg-type]
+    assert late.predicted_ttft_p90_s == pytest.approx(seen, rel=1e-4)
+    assert seen > 1.5 * blind  # the stuck ones passed its quantile
+    for i in range(20):  # they fail: their bounds stop counting
+        wid = p.decisions[f"stuck{i}"].worker_id  # type: ignore[index]
+        p.on_outcome(Outcome(request_id=f"stuck{i}", ts=1061.0, kind="first_token",
+                             worker_id=wid, status="error"), 1061.0)  # fmt: skip
+    assert set(p.quantiles._waiting) == {"late"}
+    assert p.quantiles.upper(*args, 1061.0) == pytest.approx(blind)  # type: ignore[arg-type]
+
+
 def test_admission_against_a_quantile_is_stricter_than_the_point() -> None:
     point, strict = _predictor(1), _predictor(1, admission_quantile=0.9)
     for p in (point, strict):
