@@ -29,6 +29,10 @@ sent to an idle engine, timed from its send: its start is exact too) waits for s
 the exact sample of every prompt in it, whatever its size (past ``CLEAN_BUDGETS`` budgets it
 gives up waiting and ends as a busy chain does).
 
+A burst on an idle engine whose first first token is not the first prompt's (a shorter
+one overtook it) starts no chain; the learner takes that first token as a sample of its
+own instead, from a replay of the burst's scheduler (:mod:`foretoken.core.queue.burst`).
+
 Overtaking: on an engine whose long-prefill threshold is below its step budget, a long
 prompt prefills beside shorter prompts sent after it, and their first tokens come first.
 A chain does not end at a first token of a prompt that overtook another still waiting

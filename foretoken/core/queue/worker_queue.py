@@ -278,6 +278,15 @@ class WorkerQueue:
     def outstanding(self) -> list[Outstanding]:
         return list(self._requests.values())
 
+    @property
+    def kv(self) -> KvModel | None:
+        return self._kv
+
+    def unstarted_sent_since(self, t: float) -> list[Outstanding]:
+        """The requests sent at or after ``t`` without a first token seen, by send time."""
+        found = [e for e in self._requests.values() if e.first_token_s is None and e.sent_at_s >= t]
+        return sorted(found, key=lambda e: e.sent_at_s)
+
     def get(self, request_id: RequestId) -> Outstanding | None:
         return self._requests.get(request_id)
 

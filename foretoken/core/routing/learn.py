@@ -30,10 +30,13 @@ import numpy as np
 
 from foretoken.core.cost.busy_chains import BusyChains, ChainSample, alone_sample
 from foretoken.core.cost.decode_windows import DecodeWindows, Window
+from foretoken.core.cost.fit import REFERENCE_B_S_PER_TOKEN2
 from foretoken.core.cost.quantiles import TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
 from foretoken.core.index.protocol import Index
+from foretoken.core.queue.burst import Sent, burst_sample
+from foretoken.core.queue.scheduler import CurveStepCost
 from foretoken.core.queue.worker_queue import Outstanding, WorkerQueue
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.fleet import WorkerBook
@@ -45,6 +48,9 @@ from foretoken.core.types import (
     WorkerId,
     WorkerProfile,
 )
+
+# A burst sample replays at most this many prompts (the fixed point replays a few times).
+MAX_BURST_PROMPTS = 256
 
 
 class Learner:
@@ -64,6 +70,7 @@ class Learner:
         self.served_prompts: OrderedDict[RequestId, tuple[WorkerId, list[int]]] = OrderedDict()
         self.windows = DecodeWindows(config.decode_min_share)
         self.chains = BusyChains(config.busy_chain_budgets)
+        self.burst_start: dict[WorkerId, float] = {}  # the idle start of each burst sample
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         self._observe_served(outcome, now_s)
@@ -265,6 +272,10 @@ class Learner:
             clean = start is not None and last <= start[1] <= entry.sent_at_s
         else:
             clean = start is not None and start[0] == outcome.request_id and last <= start[1]
+        if not clean and not settle and start is not None and last <= start[1] and decoding < 0.5:
+            # an idle engine's first first token, of another prompt than the first sent
+            sample = self._burst(queue, profile, start[1], entry, ts, cost)
+            self._feed_chain(wid, profile.config_hash, sample, now_s)
         if clean:
             assert start is not None
             chains.drop(wid)  # the engine was idle until then: a clean chain from the send
@@ -291,6 +302,31 @@ class Learner:
                             max(ts - last, 0.0), step_s, decoding, drained, settle,
                             overtook)  # fmt: skip
         self._feed_chain(wid, profile.config_hash, sample, now_s)
+
+    def _burst(
+        self, queue: WorkerQueue, profile: WorkerProfile, start_s: float, entry: Outstanding,
+        ts: float, cost: CurveStepCost,
+    ) -> ChainSample | None:  # fmt: skip
+        """The sample of a burst (:mod:`foretoken.core.queue.burst`): the prompts sent to
+        the idle engine since ``start_s``, replayed until ``entry``'s first token at ``ts``."""
+        pending = queue.unstarted_sent_since(start_s)
+        if not pending or len(pending) > MAX_BURST_PROMPTS or entry not in pending:
+            return None
+        wid = profile.worker_id
+        if self.burst_start.get(wid) == start_s:  # one sample per burst
+            return None
+        self.burst_start[wid] = start_s
+        sent = [Sent(e.sent_at_s, e.prompt_tokens, e.cached_tokens, e.expected_output_tokens)
+                for e in pending]  # fmt: skip
+        overhead, per_seq = cost.step_overhead_s, cost.decode_s_per_seq
+        work = burst_sample(profile.scheduler, queue.kv, sent, pending.index(entry),
+                            ts - start_s, self.fits.curve(wid).a,
+                            REFERENCE_B_S_PER_TOKEN2, overhead, per_seq)  # fmt: skip
+        if work is None or not work.steps:
+            return None
+        raw = ts - start_s
+        seconds = raw - work.steps * overhead - work.decoders * per_seq
+        return ChainSample(work.u, work.v, seconds, raw, work.steps, work.decoders / work.steps)
 
     def _feed_chain(
         self, wid: WorkerId, config_hash: str, sample: ChainSample | None, now_s: float

@@ -449,5 +449,9 @@ def test_a_prompt_overtaken_by_later_ones_starts_no_busy_chain() -> None:
     for rid, ts in (("short", 0.1), ("long", 0.9), ("after", 1.0), ("last", 1.1)):
         p.on_outcome(Outcome(request_id=rid, ts=ts, kind="first_token", worker_id="w0",
                              actual_ttft_s=ts - sent[rid][0]), ts)  # fmt: skip
+        if rid == "short":  # the idle engine's first first token: the burst's own sample
+            burst = p.fits.curve("w0")  # (foretoken.core.queue.burst)
+            assert p.fits.describe()[0]["busy_observed"] == 1
     # before, the long prompt began a chain at 0.1 and its 9,000 tokens in 0.8 s were a sample
-    assert p.fits.describe()[0]["busy_observed"] == 0
+    assert p.fits.describe()[0]["busy_observed"] == 1
+    assert p.fits.curve("w0").a == burst.a
