@@ -181,15 +181,17 @@ def _extend(chain: _Chain, n: int, cached: int, gap_s: float, same_step: bool) -
 
 
 def alone_sample(
-    settings: SchedulerSettings, n: int, cached: int, ttft_s: float, step_s: float
-) -> ChainSample | None:
-    """A prompt that ran alone (a cold sample, ``cached`` reused) as a one-prompt chain:
-    its TTFT less the overhead of the steps its prefill took, the part the queue walk adds
-    on top of ``C(N) − C(K)`` (kept in, a short prompt's sample would read the step's
-    overhead as prefill: 14 ms of a 25 ms TTFT on 374 tokens doubles ``a``)."""
+    settings: SchedulerSettings, n: int, cached: int, ttft_s: float, step_s: float,
+    decoding: float = 0.0,
+) -> ChainSample | None:  # fmt: skip
+    """A prompt that prefilled alone (a cold sample, ``cached`` reused; or one admitted
+    alone beside ``decoding`` requests decoding, timed from its admission) as a one-prompt
+    chain: its time less the steps its prefill took, the part the queue walk adds on top
+    of ``C(N) − C(K)`` (kept in, a short prompt's sample would read the step's overhead as
+    prefill: 14 ms of a 25 ms TTFT on 374 tokens doubles ``a``)."""
     k = min(max(cached, 0), n)
     chain = _Chain(seconds=ttft_s, u=n - k, v=n * n - k * k, longest=n - k, steps=1)
-    return _sample(chain, settings, step_s, 0.0) if n > k else None
+    return _sample(chain, settings, step_s, decoding) if n > k else None
 
 
 def _sample(

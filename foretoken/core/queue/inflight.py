@@ -133,6 +133,25 @@ class InFlightEstimate:
         head = scheduler.waiting[0].blocks
         return scheduler.kv_used > 0 and scheduler.kv_used + head > scheduler.kv_cap
 
+    def prefill_idle(self) -> bool:
+        """Whether no admitted sequence is still prefilling (every running one decodes)."""
+        scheduler = self._scheduler
+        return not scheduler.prefilling and all(seq.seen for seq in scheduler.dec_seqs)
+
+    def lone_head(self) -> object | None:
+        """The key of the waiting head if it can start now and the one behind it (if
+        any) cannot start beside it (a seat or its KV blocks): the head then prefills
+        alone. None otherwise."""
+        scheduler = self._scheduler
+        waiting = scheduler.waiting
+        if not waiting or self.admission_blocked():
+            return None
+        head = waiting[0]
+        if len(waiting) == 1 or scheduler.running_count + 1 >= scheduler.max_seqs:
+            return head.key
+        used = scheduler.kv_used + head.blocks
+        return head.key if used + waiting[1].blocks > scheduler.kv_cap > 0 else None
+
     def phase(self, key: object) -> Phase | None:
         seq = self._seqs.get(key)
         if seq is None:

@@ -211,6 +211,18 @@ class WorkerQueue:
         self._catch_up(now_s, cost)
         return self._estimate.admission_blocked()
 
+    def prefill_idle(self, now_s: float, cost: StepCost) -> bool:
+        """Whether the estimate at ``now_s`` has no admitted prompt still prefilling."""
+        self._catch_up(now_s, cost)
+        return self._estimate.prefill_idle()
+
+    def lone_head(self, now_s: float, cost: StepCost) -> RequestId | None:
+        """The waiting head, if at ``now_s`` it can start and will prefill alone (the
+        request behind it cannot start beside it); None otherwise."""
+        self._catch_up(now_s, cost)
+        key = self._estimate.lone_head()
+        return RequestId(key) if isinstance(key, str) else None
+
     def drain_s(self, now_s: float, cost: StepCost) -> float:
         """Seconds until every prompt now queued here is prefilled (for Retry-After)."""
         self._catch_up(now_s, cost)

@@ -5,13 +5,19 @@ simulator's truth (PRODUCT.md §1 "How fast the worker prefills"):
   known reuse is a prefill sample, ``TTFT ≈ C(N) − C(cached)``;
 * **busy-period samples** (:meth:`Learner.on_first_token`): a worker never idle from a cold
   start would never give one, so a second, bootstrap fit takes the gap between the worker's
-  previous first token and this one, for a request queued there since before it;
+  previous first token and this one, for a request queued there since before it; and a
+  prompt held back by a full engine (every seat taken, or its KV blocks do not fit, with
+  nothing prefilling) that a completion let start alone is a sample from that completion
+  to its first token (:meth:`Learner._note_unblock`: under KV-blocked load the chains
+  break at every first token, and such a worker had 2–4 samples in 170 first tokens);
 * **decode samples** (:meth:`Learner.on_completion`): a decode step's time against the
   time-mean number of requests decoding over the request's decode window
   (:mod:`foretoken.core.cost.decode_windows`), for the step-cost fit. The router times the
   gaps between streamed tokens and the outcome carries the step of the fast ones
   (:func:`foretoken.core.cost.samples.decode_step_s`: steps that carried no other prompt's
-  chunk), left out when prompts waited throughout and it looks like a chunked step.
+  chunk), left out when prompts waited throughout and it looks like a chunked step —
+  judged on the worker's curve, so such steps are held until it has one (the default
+  curve's ``a`` made a 60 ms step with a chunk in it look decode-only);
   Without it (a stream not timed), the time per output token less the prefill of the
   prompts whose first token came during the window;
 * **residuals** (:meth:`Learner.on_graded`): every served request's predicted and measured
@@ -51,6 +57,8 @@ from foretoken.core.types import (
 
 # A burst sample replays at most this many prompts (the fixed point replays a few times).
 MAX_BURST_PROMPTS = 256
+# Decode steps held per worker until it has a curve to judge them by (_observe_window).
+MAX_HELD_STEPS = 256
 
 
 class Learner:
@@ -71,6 +79,10 @@ class Learner:
         self.windows = DecodeWindows(config.decode_min_share)
         self.chains = BusyChains(config.busy_chain_budgets)
         self.burst_start: dict[WorkerId, float] = {}  # the idle start of each burst sample
+        # A completion that let a KV- or seat-blocked head start alone: (when, which head).
+        self.unblocked: dict[WorkerId, tuple[float, RequestId]] = {}
+        # Decode steps that may have carried a chunk, judged once the worker has a curve.
+        self.held_steps: dict[WorkerId, list[tuple[Window, float, int]]] = {}
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         self._observe_served(outcome, now_s)
@@ -97,7 +109,12 @@ class Learner:
         if profile is not None and not self._settled(wid):  # a later step ended
             clean = self.chains.close_clean(wid, profile.scheduler, outcome.ts)
             self._feed_chain(wid, profile.config_hash, clean, now_s)
+        cost = step_cost(self.fits, wid) if self._chains_on(profile) else None
+        blocked = cost is not None and queue.admission_blocked(outcome.ts, cost)
+        blocked = blocked and cost is not None and queue.prefill_idle(outcome.ts, cost)
         queue.finished(outcome.request_id, outcome.ts)
+        if cost is not None:
+            self._note_unblock(queue, wid, outcome.ts, blocked, cost)
         if self.config.decode_windows:
             if profile is not None:
                 chunk = _least_chunk(profile) if queue.unstarted_count else 0
@@ -111,6 +128,24 @@ class Learner:
         if tpot is not None and profile is not None:
             running = max(1.0, float(queue.running_count) + 1.0)
             self.fits.observe_decode(outcome.worker_id, profile.config_hash, tpot, running, now_s)
+
+    def _chains_on(self, profile: WorkerProfile | None) -> bool:
+        chunked = profile is not None and profile.scheduler.chunked_prefill
+        return chunked and self.config.busy_chain_budgets > 0
+
+    def _note_unblock(self, queue: WorkerQueue, wid: WorkerId, ts: float, was_blocked: bool,
+                      cost: CurveStepCost) -> None:  # fmt: skip
+        """After a completion at ``ts``: if the engine was blocked (its waiting head held
+        back by a seat or KV blocks, nothing prefilling) and now the head starts alone,
+        its prefill runs from ``ts`` to its first token beside decoders only — a sample
+        (:meth:`_busy_chain`). A later completion that lets another prompt start beside a
+        watched head spoils it."""
+        head = queue.lone_head(ts, cost) if was_blocked else None
+        if head is not None:
+            self.unblocked[wid] = (ts, head)
+        elif (wid in self.unblocked and queue.unstarted_count > 1
+              and not queue.admission_blocked(ts, cost)):  # fmt: skip
+            del self.unblocked[wid]
 
     def _observe_window(self, outcome: RequestOutcome, config_hash: str, now_s: float,
                         chunk: int = 0) -> None:  # fmt: skip
@@ -126,6 +161,15 @@ class Learner:
         wid = outcome.worker_id
         step_s = outcome.decode_step_s  # the router timed the stream's token gaps
         if step_s is not None and step_s > 0:
+            if window.queued_at_open and chunk and self.fits.curve(wid).default:
+                # whether its steps carried a chunk is judged on the curve: wait for one
+                pending = self.held_steps.setdefault(wid, [])
+                if len(pending) < MAX_HELD_STEPS:
+                    pending.append((window, step_s, chunk))
+                return
+            for w, s, c in self.held_steps.pop(wid, ()):
+                if self._decode_only(wid, w, s, c):
+                    self.fits.observe_decode(wid, config_hash, s, w.mean_decoding, now_s)
             if self._decode_only(wid, window, step_s, chunk):
                 self.fits.observe_decode(wid, config_hash, step_s, window.mean_decoding, now_s)
             return
@@ -256,6 +300,11 @@ class Learner:
         decoding = line.decoding if line is not None else 0.0
         step_s = cost.step_overhead_s + cost.decode_s_per_seq * decoding
         start = self.book.idle_start.pop(wid, None)
+        t_unblock, head = self.unblocked.pop(wid, (math.inf, None))
+        if head == outcome.request_id and last_le(prev, t_unblock):
+            sample = alone_sample(profile.scheduler, entry.prompt_tokens, entry.cached_tokens,
+                                  ts - t_unblock, step_s, decoding)  # fmt: skip
+            self._feed_chain(wid, profile.config_hash, sample, now_s)
         settle = self._settled(wid)
         if not settle:  # a later step: a clean chain has every prompt of its first step
             self._feed_chain(wid, profile.config_hash,
@@ -351,3 +400,8 @@ def _least_chunk(profile: WorkerProfile) -> int:
     threshold = settings.long_prefill_token_threshold
     budget = settings.max_num_batched_tokens
     return min(budget, threshold) if threshold > 0 else budget
+
+
+def last_le(prev_s: float | None, t: float) -> bool:
+    """Whether the previous first token (None: none yet) came at or before ``t``."""
+    return prev_s is None or prev_s <= t

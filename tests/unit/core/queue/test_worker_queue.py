@@ -5,6 +5,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
+from foretoken.core.queue.scheduler import CurveStepCost, KvModel
 from foretoken.core.queue.worker_queue import WorkerQueue
 from foretoken.core.types import RequestId
 from foretoken.wire.records import SchedulerSettings
@@ -57,3 +58,44 @@ def test_waiting_sent_before_is_about_earlier_sends_still_without_a_first_token(
     assert not queue.waiting_sent_before(2.0, a)  # only a itself
     queue.add(c, 2.5, 100, 0, 8)  # sent after the first token in question
     assert not queue.waiting_sent_before(2.0, a) and queue.waiting_sent_before(3.0, a)
+
+
+COST = CurveStepCost(lambda n: 1e-4 * n, 0.01, 1e-4)
+
+
+def _decoding_two(seqs: int, kv: KvModel | None, waiting: dict[str, int]) -> WorkerQueue:
+    """a (300 tokens) and b (100) start at 0 and decode from 0.1; ``waiting`` prompts (100
+    output tokens each, as a and b) are sent after them."""
+    settings_ = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=seqs)
+    queue = WorkerQueue(settings_, kv=kv)
+    for name, n in {"a": 300, "b": 100, **waiting}.items():
+        queue.add(RequestId(name), 0.0, n, 0, 100)
+    for name in ("a", "b"):
+        queue.first_token(RequestId(name), 0.1)
+    return queue
+
+
+def test_a_seat_blocked_engine_with_nothing_prefilling_starts_its_head_alone() -> None:
+    """Two seats, both decoding, nothing prefilling: blocked. A completion frees one seat:
+    the head c starts, and d behind it cannot (no seat): c prefills alone."""
+    queue = _decoding_two(2, None, {"c": 300, "d": 300})
+    assert queue.admission_blocked(1.0, COST) and queue.prefill_idle(1.0, COST)
+    assert queue.lone_head(1.0, COST) is None  # blocked: nothing starts
+    queue.finished(RequestId("a"), 1.0)
+    assert queue.lone_head(1.0, COST) == RequestId("c")
+
+
+def test_a_kv_blocked_head_is_alone_only_if_the_next_one_does_not_fit_beside_it() -> None:
+    """75 blocks of 10 tokens: a holds 40 (ceil(399 / 10)), b 20, c needs 20: blocked. a
+    completes: c fits, and a 100-token d (20 blocks) beside it, a 300-token d (40) not."""
+    kv = KvModel(gpu_blocks=75, block_size=10)
+    for d_tokens, alone in ((100, False), (300, True)):
+        queue = _decoding_two(8, kv, {"c": 100, "d": d_tokens})
+        assert queue.admission_blocked(1.0, COST) and queue.prefill_idle(1.0, COST)
+        queue.finished(RequestId("a"), 1.0)
+        assert queue.lone_head(1.0, COST) == (RequestId("c") if alone else None)
+
+
+def test_an_engine_still_prefilling_is_not_prefill_idle() -> None:
+    queue = _decoding_two(8, None, {"c": 5000})  # c starts at once, 10 steps of 512
+    assert not queue.admission_blocked(0.2, COST) and not queue.prefill_idle(0.2, COST)
