@@ -7,29 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from foretoken.core.index.prefix import PrefixIndex
-from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.service import RouteService
-from foretoken.wire.records import (
-    Outcome,
-    SchedulerSettings,
-    WorkerEndpoints,
-    WorkerRegistration,
-)
+from foretoken.wire.records import Outcome, SchedulerSettings
 from foretoken.wire.route_rpc import RouteRequest
+from tests.unit.core.routing.one_worker import one_worker
 
 
 def _service() -> RouteService:
-    index = PrefixIndex()
-    p = RouteService(index, config=PredictorConfig(explore_fraction=0.0))
-    reg = WorkerRegistration(
-        worker_id="w0", model="m", engine="vllm", engine_version="x", block_size=16,
-        scheduler=SchedulerSettings(max_num_batched_tokens=2048, max_num_seqs=64),
-        endpoints=WorkerEndpoints(http_url="http://w0"), config_hash="c", ts=0.0,
-    )  # fmt: skip
-    index.register_worker(reg.worker_id, reg.model, reg.block_size)
-    p.on_registration(reg)
-    return p
+    return one_worker(SchedulerSettings(max_num_batched_tokens=2048, max_num_seqs=64))
 
 
 def _send(p: RouteService, rid: str, n: int, t: float) -> None:
