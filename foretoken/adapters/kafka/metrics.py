@@ -69,6 +69,12 @@ class ProcessorMetrics:
             "processor's queue model.",
             buckets=STALENESS_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self.outcome_delay = Histogram(
+            "foretoken_outcome_delay_seconds",
+            "From an outcome (first token, completion; the router's clock) to its "
+            "application in this processor's queue model.",
+            buckets=STALENESS_BUCKETS, registry=self.registry,
+        )  # fmt: skip
         self.lag = Gauge(
             "foretoken_consumer_lag_records",
             "Records of an input topic not applied yet (end offsets minus positions, over "

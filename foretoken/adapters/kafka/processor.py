@@ -73,6 +73,9 @@ class ProcessorState:
         # (when, seconds) from another replica's decision to its grant in our queue model,
         # once caught up (a replay of old grants is catching up, not staleness).
         self.staleness: deque[tuple[float, float]] = deque(maxlen=STALENESS_MEMORY)
+        # (when, seconds) from an outcome (a first token, a completion: the router's clock)
+        # to its application here: how old the queue model's picture of a worker is.
+        self.outcome_delay: deque[tuple[float, float]] = deque(maxlen=STALENESS_MEMORY)
         self.routes_answered = 0
         self.forwarded = 0
         approx = approx_config(settings)
@@ -123,10 +126,14 @@ class ProcessorState:
 
     def on_outcome(self, record: Record, pos: Position) -> list[tuple[str, Record]]:
         assert isinstance(record, Outcome)
+        now = time.time()
+        if self.lag.caught_up_at is not None:
+            self.outcome_delay.append((now, max(0.0, now - record.ts)))
+            self.metrics.outcome_delay.observe(max(0.0, now - record.ts))
         if not self.grading:
-            self.core.service.on_outcome(record, time.time())
+            self.core.service.on_outcome(record, now)
             return []
-        return _graded(self.core.on_outcome(record, time.time()))
+        return _graded(self.core.on_outcome(record, now))
 
     def on_graded(self, record: Record, pos: Position) -> None:
         assert isinstance(record, Graded)
@@ -239,6 +246,7 @@ class ProcessorState:
             "share_moves": service.decider.share_moves,
             "overruled_decisions": service.overruled,
             "queue_view_staleness_s": self.staleness_since(0.0),
+            "outcome_delay_s": _percentiles([v for _, v in self.outcome_delay]),
             "members": self.members_page(now),
             "memory": self.memory(),
         }

@@ -66,15 +66,18 @@ def select_cold_sample(
     others_running: bool,
     min_prompt_tokens: int = MIN_COLD_PROMPT_TOKENS,
     trust_index_when_engine_silent: bool = False,
+    in_event_time: bool = False,
 ) -> bool:
     """Whether a graded request is a cold prefill sample (its TTFT ≈ C(prompt_tokens)).
 
     True iff it was served (admitted, on a worker, a finite TTFT > 0); nothing was cached;
     nothing else ran on that worker between grant and first token (``others_running``,
     from the caller's queue model) and the predictor saw no queue ahead
-    (``queue_tokens_ahead == 0``); and the prompt has at least ``min_prompt_tokens`` tokens
-    (below that, fixed latency dominates). Explore and fallback grants are accepted: they
-    change which worker served, not what was measured.
+    (``queue_tokens_ahead == 0``, unless ``in_event_time``: the caller judged
+    ``others_running`` by when every request there was sent and started, which the queue
+    the predictor saw at the decision may not have known yet); and the prompt has at least
+    ``min_prompt_tokens`` tokens (below that, fixed latency dominates). Explore and
+    fallback grants are accepted: they change which worker served, not what was measured.
 
     "Nothing was cached" is what can be known about the worker:
 
@@ -93,7 +96,7 @@ def select_cold_sample(
     ttft = graded.actual_ttft_s
     if ttft is None or not _positive_finite(ttft) or graded.prompt_tokens < min_prompt_tokens:
         return False
-    if others_running or graded.queue_tokens_ahead > 0:
+    if others_running or (graded.queue_tokens_ahead > 0 and not in_event_time):
         return False
     if graded.engine_cached_tokens is None:
         if graded.credited_cached_tokens != 0:
@@ -104,7 +107,9 @@ def select_cold_sample(
     return graded.engine_cached_tokens == 0
 
 
-def prefill_sample_cached(graded: GradedRequest, *, others_running: bool) -> int | None:
+def prefill_sample_cached(
+    graded: GradedRequest, *, others_running: bool, in_event_time: bool = False
+) -> int | None:
     """The engine-reported cached tokens if this graded request is a prefill sample, else
     None. Like :func:`select_cold_sample`, but a request whose prefix the engine reused is
     a sample too when the engine said exactly how much it reused: alone on the worker, its
@@ -116,7 +121,10 @@ def prefill_sample_cached(graded: GradedRequest, *, others_running: bool) -> int
     approximate view credited at most 1/``NEAR_COLD_SHARE`` of the prompt, with that credit
     as the cached part ("nearly cold": a shared system prompt would otherwise leave such an
     engine one sample per worker).
+
+    ``in_event_time``: as for :func:`select_cold_sample`.
     """
+    kw = {"others_running": others_running, "in_event_time": in_event_time}
     cached = graded.engine_cached_tokens
     if cached is None:
         credited = graded.credited_cached_tokens
@@ -125,9 +133,9 @@ def prefill_sample_cached(graded: GradedRequest, *, others_running: bool) -> int
             and credited * NEAR_COLD_SHARE <= graded.prompt_tokens
         ):
             probe = msgspec.structs.replace(graded, credited_cached_tokens=0)
-            return credited if select_cold_sample(probe, others_running=others_running) else None
-        return 0 if select_cold_sample(graded, others_running=others_running) else None
+            return credited if select_cold_sample(probe, **kw) else None
+        return 0 if select_cold_sample(graded, **kw) else None
     if graded.prompt_tokens - cached < MIN_COLD_PROMPT_TOKENS:
         return None  # too few new tokens to measure a prefill
     probe = msgspec.structs.replace(graded, engine_cached_tokens=0)
-    return cached if select_cold_sample(probe, others_running=others_running) else None
+    return cached if select_cold_sample(probe, **kw) else None

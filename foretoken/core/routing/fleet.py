@@ -1,18 +1,30 @@
 """The route service's book of workers: what each one said about itself (its profile) and
 the queue model of what was sent there (:class:`~foretoken.core.queue.worker_queue.WorkerQueue`).
 
-It also marks, when a request is enqueued, whether it will have run *alone* (no other
-prompt waiting or prefilling there from its send to its first token): such a request's
-TTFT is its prefill time, a sample for the fits (:mod:`foretoken.core.routing.learn`).
+It also marks whether a request ran *alone* (no other prompt waiting or prefilling there
+from its send to its first token): such a request's TTFT is its prefill time, a sample for
+the fits (:mod:`foretoken.core.routing.learn`). That is judged in event time, by the
+router's clock: live, a first token reaches the route service through Kafka some
+milliseconds after it happened, and a client sending one request after another sends the
+next one before the route service hears of the previous one's first token (a llama.cpp
+engine driven that way gave 3 prefill samples in 2 minutes). So a request sent while
+another still looks unstarted is not written off at once: the pair overlapped only if the
+other's first token, when it is heard of, came after this one's send.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from typing import Final
 
 from foretoken.core.queue.scheduler import KvModel
 from foretoken.core.queue.worker_queue import WorkerQueue
 from foretoken.core.types import RequestId, WorkerId, WorkerProfile
+
+# Up to this many unstarted requests on a worker, a send beside them is judged in event time
+# (:meth:`WorkerBook.started`); with more, it overlapped them (it is not a sample either way).
+MAX_DEFERRED: Final = 4
 
 
 class WorkerBook:
@@ -24,6 +36,10 @@ class WorkerBook:
         self.profiles: dict[WorkerId, WorkerProfile] = {}
         self.queues: dict[WorkerId, WorkerQueue] = {}
         self.alone: dict[RequestId, bool] = {}  # nothing else ran there before its first token
+        # an unstarted request -> the requests sent beside it before its first token was
+        # heard of, with their send times (judged at its first token, :meth:`started`)
+        self.sent_beside: dict[RequestId, list[tuple[RequestId, float]]] = {}
+        self.unresolved: dict[RequestId, int] = {}  # how many of those lists hold it
         # per worker, the last request sent when nothing waited or prefilled there and a
         # seat was free, and when: the engine started on it at once, and worked without a
         # pause on it and what was sent after it until its queue drained (a clean busy
@@ -72,8 +88,9 @@ class WorkerBook:
     ) -> None:
         """A request sent there (idempotent by request id). "Alone" for a prefill sample: no
         other prompt waiting or prefilling when it was sent, and none sent before its first
-        token. Requests only decoding are allowed: under steady load a worker is rarely
-        empty, and a decode adds milliseconds per step to a prefill of hundreds or more."""
+        token — by event time (:meth:`started`). Requests only decoding are allowed: under
+        steady load a worker is rarely empty, and a decode adds milliseconds per step to a
+        prefill of hundreds or more."""
         queue = self.queues.get(wid)
         if queue is None:
             return
@@ -82,10 +99,35 @@ class WorkerBook:
         if queue.add(rid, sent_s, n, cached, expected):
             if was_idle and seat:
                 self.idle_start[wid] = (rid, sent_s)
-            for other in queue.outstanding():
-                if other.request_id != rid and other.first_token_s is None:
-                    self.alone[other.request_id] = False
-            self.alone[rid] = was_idle
+            unstarted = [o.request_id for o in queue.outstanding()
+                         if o.request_id != rid and o.first_token_s is None]  # fmt: skip
+            deferred = len(unstarted) <= MAX_DEFERRED
+            for other in unstarted:
+                if deferred:
+                    self.sent_beside.setdefault(other, []).append((rid, sent_s))
+                    self.unresolved[rid] = self.unresolved.get(rid, 0) + 1
+                else:
+                    self.alone[other] = False
+            self.alone[rid] = deferred
+
+    def started(self, rid: RequestId, t: float) -> None:
+        """``rid``'s first token came at ``t`` (or it ended then without one): the requests
+        sent beside it before ``t`` overlapped its prefill, and it theirs."""
+        for other, sent_s in self.sent_beside.pop(rid, ()):
+            left = self.unresolved.pop(other, 1) - 1
+            if left > 0:
+                self.unresolved[other] = left
+            if sent_s < t:
+                if other in self.alone:
+                    self.alone[other] = False
+                if rid in self.alone:
+                    self.alone[rid] = False
+
+    def ran_alone(self, rid: RequestId) -> bool:
+        """Whether ``rid`` ran alone, forgetting it; False while a request it was sent
+        beside has not been heard of starting."""
+        alone = self.alone.pop(rid, False)
+        return alone and self.unresolved.pop(rid, 0) == 0
 
     def expire(self, now_s: float, max_age_s: float) -> list[RequestId]:
         """Requests whose outcome never came, forgotten by every queue."""
@@ -93,12 +135,20 @@ class WorkerBook:
         for queue in self.queues.values():
             for rid in queue.expire(now_s, max_age_s):
                 self.alone.pop(rid, None)
+                self.started(rid, now_s)  # it may have run beside those sent after it
                 self.withdraw_idle_start(rid)
                 gone.append(rid)
         return gone
 
+    def withdraw(self, rid: RequestId) -> None:
+        """``rid`` never reached its worker (overruled, or never acted on): forget it."""
+        self.alone.pop(rid, None)
+        self.unresolved.pop(rid, None)
+        self.withdraw_idle_start(rid)
+
     def withdraw_idle_start(self, rid: RequestId) -> None:
         """``rid`` never reached its worker: the engine did not start on it."""
+        self.started(rid, -math.inf)  # it overlapped nothing
         for wid, (started, _) in list(self.idle_start.items()):
             if started == rid:
                 del self.idle_start[wid]

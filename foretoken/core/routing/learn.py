@@ -90,6 +90,7 @@ class Learner:
         if queue is None:
             return
         # The router's clock says when things happened; our consumption lags behind it.
+        self.book.started(outcome.request_id, outcome.ts)  # or it ended without
         if outcome.kind == "first_token" and outcome.status == "ok":
             self._observe_busy(queue, outcome, now_s)
             entry = queue.get(outcome.request_id)
@@ -110,8 +111,8 @@ class Learner:
             clean = self.chains.close_clean(wid, profile.scheduler, outcome.ts)
             self._feed_chain(wid, profile.config_hash, clean, now_s)
         cost = step_cost(self.fits, wid) if self._chains_on(profile) else None
-        blocked = cost is not None and queue.admission_blocked(outcome.ts, cost)
-        blocked = blocked and cost is not None and queue.prefill_idle(outcome.ts, cost)
+        blocked = (cost is not None and queue.admission_blocked(outcome.ts, cost)
+                   and queue.prefill_idle(outcome.ts, cost))  # fmt: skip
         queue.finished(outcome.request_id, outcome.ts)
         if cost is not None:
             self._note_unblock(queue, wid, outcome.ts, blocked, cost)
@@ -200,7 +201,7 @@ class Learner:
         """Feed the fit with a cold sample; True if this record was one. Every served
         request with a prediction is a residual for the quantiles."""
         wid = graded.worker_id
-        alone = self.book.alone.pop(graded.request_id, False)
+        alone = self.book.ran_alone(graded.request_id)
         if wid is None or wid not in self.book.profiles:
             return False
         predicted, actual = graded.predicted_ttft_s, graded.actual_ttft_s
@@ -210,7 +211,7 @@ class Learner:
         profile = self.book.profiles[wid]
         # The router turns an omitted cached-token field into 0 for engines that report it,
         # so "unknown" here really is unknown: such requests are not samples.
-        cached = prefill_sample_cached(graded, others_running=not alone)
+        cached = prefill_sample_cached(graded, others_running=not alone, in_event_time=True)
         if cached is None:
             return False
         assert graded.actual_ttft_s is not None

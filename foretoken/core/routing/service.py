@@ -107,8 +107,7 @@ class RouteService:
             return
         queue = self.book.queues.get(ours.worker_id)
         if queue is not None and queue.finished(grant.request_id, now_s):
-            self.book.alone.pop(grant.request_id, None)
-            self.book.withdraw_idle_start(grant.request_id)
+            self.book.withdraw(grant.request_id)
             self.learner.forget(grant.request_id)
         self.decisions[grant.request_id] = grant
         self.overruled += 1
@@ -164,8 +163,7 @@ class RouteService:
             queue = self.book.queues.get(wid)
             if queue is not None and queue.finished(rid, now_s):
                 self.unconfirmed_expired += 1
-            self.book.alone.pop(rid, None)
-            self.book.withdraw_idle_start(rid)
+            self.book.withdraw(rid)
             self.learner.forget(rid)
 
     # ------------------------------------------------------------------ predictions
