@@ -35,7 +35,7 @@ import numpy as np
 from foretoken.adapters.kafka.topics import ensure_topics
 from foretoken.adapters.lake.views import connect, rows
 from foretoken.adapters.ports import free_port, in_use
-from foretoken.adapters.processes import stop
+from foretoken.adapters.processes import get_json, stop
 from foretoken.ops import demo, kafka_local
 from foretoken.settings import Settings, load_settings
 from foretoken.sim.live.load import run_load
@@ -63,8 +63,11 @@ def workload(trace_s: float) -> list[TraceRequest]:
 # ---------------------------------------------------------------------------- the two sides
 
 
-def run_live(settings: Settings, requests: Sequence[TraceRequest], run_dir: Path) -> list[Any]:
-    """The live stack on fresh topics; the graded rows of the lake (one per request id)."""
+def run_live(
+    settings: Settings, requests: Sequence[TraceRequest], run_dir: Path
+) -> tuple[list[Any], dict[str, Any]]:
+    """The live stack on fresh topics; the graded rows of the lake (one per request id),
+    and how late outcomes reached the worker's queue models (``outcome_delay_s``)."""
     prefix = f"lvr{uuid.uuid4().hex[:4]}-"
     shutil.rmtree(run_dir, ignore_errors=True)
     plan = demo.DemoPlan(run_dir)
@@ -85,9 +88,10 @@ def run_live(settings: Settings, requests: Sequence[TraceRequest], run_dir: Path
                            timeout_s=300.0, max_output_tokens=MAX_OUTPUT_TOKENS,
                            progress=False)  # fmt: skip
         _wait_for_lake(plan.lake_dir, summary.counts()["sent"])
+        delay: dict[str, Any] = get_json(f"{urls['worker']}/v1/stats")["outcome_delay_s"]
         con = connect(plan.lake_dir)
         try:
-            return list(rows(con, "SELECT * FROM graded"))
+            return list(rows(con, "SELECT * FROM graded")), delay
         finally:
             con.close()
     finally:
@@ -178,7 +182,8 @@ def run(quick: bool) -> dict[str, Any]:
     _, started = kafka_local.up(settings)
     try:
         t0 = time.perf_counter()
-        live = run_live(settings, requests, (settings.state_path / "live-vs-replay").resolve())
+        live, delay = run_live(settings, requests,
+                               (settings.state_path / "live-vs-replay").resolve())  # fmt: skip
         live_s = time.perf_counter() - t0
     finally:
         if started:
@@ -200,5 +205,6 @@ def run(quick: bool) -> dict[str, Any]:
         "replay_mean_error_s": result["replay"].get("mean_error_s"),
         "live_p90_coverage": result["live"].get("p90_coverage"),
         "replay_p90_coverage": result["replay"].get("p90_coverage"),
+        "live_outcome_delay_p50_s": delay["p50"], "live_outcome_delay_p99_s": delay["p99"],
     }  # fmt: skip
     return result
