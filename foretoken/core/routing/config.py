@@ -67,6 +67,15 @@ class PredictorConfig:
     quantile_min_samples: int = 30
     quantile_floor_s: float = 0.1
     quantile_default_factor: float = 2.0
+    # The queue-wait part of a worker's predictions lengthened by what its first tokens
+    # say (foretoken.core.cost.wait_scale): up to wait_scale_max times, learned over the
+    # last wait_scale_window first tokens of requests decided here with a raw wait of at
+    # least wait_scale_min_wait_s, shrunk toward 1 by wait_scale_prior pseudo-samples.
+    wait_scale: bool = True
+    wait_scale_window: int = 32
+    wait_scale_prior: float = 16.0
+    wait_scale_min_wait_s: float = 0.3
+    wait_scale_max: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.explore_fraction <= 1.0:

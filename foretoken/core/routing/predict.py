@@ -12,6 +12,7 @@ import numpy as np
 
 from foretoken.core.cost.fit import PrefillCurve, StepCost
 from foretoken.core.cost.registry import FitRegistry
+from foretoken.core.cost.wait_scale import WaitScale, WaitScaleConfig
 from foretoken.core.index.protocol import Index
 from foretoken.core.index.state import CacheHit
 from foretoken.core.queue.scheduler import CurveStepCost, NewRequest
@@ -78,6 +79,13 @@ class Predictions:
         self, index: Index, fits: FitRegistry, book: WorkerBook, config: PredictorConfig
     ) -> None:
         self.index, self.fits, self.book, self.config = index, fits, book, config
+        self.wait_scale: WaitScale | None = None
+        if config.wait_scale:
+            self.wait_scale = WaitScale(WaitScaleConfig(
+                window=config.wait_scale_window, prior=config.wait_scale_prior,
+                min_wait_s=config.wait_scale_min_wait_s, max_scale=config.wait_scale_max,
+                memory=config.decision_memory,
+            ))  # fmt: skip
         # per worker: the step cost built for its current (curve, step) fit values
         self._costs: dict[WorkerId, tuple[PrefillCurve, StepCost, CurveStepCost]] = {}
 
@@ -124,6 +132,8 @@ class Predictions:
         )
         prefill = curve.own_prefill_s(n, cached) + load_s
         ttft = max(result.ttft_s + load_s, prefill)
+        if self.wait_scale is not None:
+            ttft = prefill + (ttft - prefill) * self.wait_scale.factor(wid)
         prediction = CandidatePrediction(
             worker_id=wid, predicted_ttft_s=ttft, queue_wait_s=max(0.0, ttft - prefill),
             prefill_s=prefill, cached_tokens=cached, cached_tier=deepest,

@@ -81,6 +81,8 @@ class RouteService:
     def on_registration(self, profile: WorkerProfile) -> None:
         if profile.removed:
             self.quantiles.forget(profile.worker_id)
+            if self.predictions.wait_scale is not None:
+                self.predictions.wait_scale.forget_worker(profile.worker_id)
         self.fits.apply_registration(profile)
         self.book.apply(profile)
 
@@ -122,10 +124,15 @@ class RouteService:
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
         if self.controls is not None:
             self.controls.observe_outcome(outcome, now_s)
+        scale = self.predictions.wait_scale
         if outcome.kind == "first_token" and outcome.actual_ttft_s is not None:
             self._residual(outcome, outcome.actual_ttft_s)
+            if scale is not None and outcome.status == "ok":
+                scale.first_token(outcome.request_id, outcome.worker_id, outcome.actual_ttft_s)
         if outcome.status != "ok" or outcome.kind == "completion":
             self.quantiles.drop(outcome.request_id)  # no residual will come (or it came)
+            if scale is not None:
+                scale.forget(outcome.request_id)
         self.learner.on_outcome(outcome, now_s)
 
     def _residual(self, outcome: RequestOutcome, actual_s: float) -> None:
@@ -236,9 +243,21 @@ class RouteService:
         self.learner.remember_prompt(query.request_id, query.tokens, wid)
         self.decider.remember_conversation(query, wid)
         if result.predicted_ttft_s is not None and not result.fallback:
+            self.note_prediction(query.request_id, wid, result.predicted_ttft_s,
+                                 result.queue_wait_s)  # fmt: skip
             default = result.fit.default if result.fit is not None else None
             self.quantiles.sent(query.request_id, wid, result.predicted_ttft_s,
                                 result.queue_wait_s, default, now_s)  # fmt: skip
+
+    def note_prediction(self, rid: RequestId, wid: WorkerId, predicted_ttft_s: float,
+                        queue_wait_s: float | None) -> None:  # fmt: skip
+        """``rid`` goes to ``wid`` with this prediction of ours (our decision, or, on a read
+        replica, what we predicted for the worker another router chose): its first token
+        will say how far the walk's queue wait was off (the wait scale)."""
+        scale = self.predictions.wait_scale
+        if scale is not None and queue_wait_s is not None:
+            raw = queue_wait_s / scale.factor(wid)
+            scale.decided(rid, wid, raw, predicted_ttft_s - queue_wait_s)
 
     def _no_candidate(self, query: RouteQuery, ts: float) -> RouteDecision:
         """No worker of the model can hold the prompt, or none serves the model."""

@@ -96,3 +96,34 @@ def test_a_serial_client_heard_late_still_teaches_the_fit() -> None:
     assert not p.fits.curve(WorkerId("w0")).default
     # the same sends, each before the previous first token: none ran alone
     assert _serve_stale(one_worker(SERIAL), -0.01) == 0
+
+
+def test_first_tokens_later_than_predicted_lengthen_the_next_queue_wait() -> None:
+    """The route service's own decisions teach the worker's wait scale: a queue that
+    drains 1.8x slower than the walk said makes the next prediction's wait longer."""
+    p = one_worker(SchedulerSettings(max_num_batched_tokens=2048, max_num_seqs=8))
+    wid = WorkerId("w0")
+    t = 0.0
+
+    scale = p.predictions.wait_scale
+    assert scale is not None
+
+    def wait_of(rid: str) -> tuple[float, float]:
+        """The walk's own wait (the prediction's, less the scale) and prefill."""
+        k = scale.factor(wid)
+        d = p.route(RouteRequest(request_id=rid, model="m",
+                                 token_ids=tuple(range(8192))).query(), t, t)  # fmt: skip
+        assert d.queue_wait_s is not None and d.predicted_ttft_s is not None
+        return d.queue_wait_s / k, d.predicted_ttft_s - d.queue_wait_s
+
+    for i in range(40):
+        rids = [f"b{i}-{j}" for j in range(4)]
+        waits = [wait_of(r) for r in rids]  # a burst: each waits behind the ones before
+        for rid, (wait, own) in zip(rids, waits, strict=True):
+            actual = own + 1.8 * wait
+            for kind in ("first_token", "completion"):
+                p.on_outcome(Outcome(request_id=rid, ts=t + actual, kind=kind, worker_id="w0",
+                                     actual_ttft_s=actual, e2e_s=actual, output_tokens=1),
+                             t + actual)  # type: ignore[arg-type]  # fmt: skip
+        t += 100.0
+    assert 1.3 < scale.factor(wid) <= 1.8
