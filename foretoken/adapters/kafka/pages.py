@@ -149,7 +149,15 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
 
     @app.page("/v1/fits")
     async def fits(self: View, request: Request) -> Response:
-        return self.json({"fits": state.fits.describe()})
+        service = state.core.service
+        preds, workers = service.predictions, sorted(service.book.profiles)
+        scale = preds.wait_scale
+        return self.json({
+            "fits": state.fits.describe(),
+            # per worker: the learned load cost of each lower tier, and its queue-wait scale
+            "tier_load": {w: preds.tier_costs.describe(w) for w in workers},
+            "wait_scale": {w: scale.factor(w) if scale is not None else 1.0 for w in workers},
+        })  # fmt: skip
 
     @app.page("/v1/cache/{model}")
     class CachePage(View):

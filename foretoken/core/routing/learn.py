@@ -40,6 +40,7 @@ from foretoken.core.cost.fit import REFERENCE_B_S_PER_TOKEN2
 from foretoken.core.cost.quantiles import TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
+from foretoken.core.cost.tier_costs import TierCosts
 from foretoken.core.index.protocol import Index
 from foretoken.core.queue.burst import Sent, burst_sample
 from foretoken.core.queue.scheduler import CurveStepCost
@@ -51,6 +52,7 @@ from foretoken.core.types import (
     GradedRequest,
     RequestId,
     RequestOutcome,
+    Tier,
     WorkerId,
     WorkerProfile,
 )
@@ -64,10 +66,13 @@ MAX_HELD_STEPS = 256
 class Learner:
     def __init__(
         self, index: Index, fits: FitRegistry, book: WorkerBook, config: PredictorConfig,
-        quantiles: TtftQuantiles | None = None,
+        quantiles: TtftQuantiles | None = None, tier_costs: TierCosts | None = None,
     ) -> None:  # fmt: skip
         self.index, self.fits, self.book, self.config = index, fits, book, config
         self.quantiles = quantiles or TtftQuantiles()
+        self.tier_costs = tier_costs or TierCosts(config.tier_load_s_per_token)
+        # Requests sent with a credit from one lower tier: (worker, tier, its tokens).
+        self.tier_credit: OrderedDict[RequestId, tuple[WorkerId, Tier, int]] = OrderedDict()
         # busy-period samples: when each worker last finished a prefill (a first token) or,
         # on an engine that runs one sequence at a time, a whole request
         self.busy_mark_s: dict[WorkerId, float] = {}
@@ -209,12 +214,19 @@ class Learner:
             self.quantiles.observe(graded.request_id, wid, predicted, actual,
                                    graded.queue_wait_s, graded.fit_default)  # fmt: skip
         profile = self.book.profiles[wid]
+        tier = self.tier_credit.pop(graded.request_id, None)
         # The router turns an omitted cached-token field into 0 for engines that report it,
         # so "unknown" here really is unknown: such requests are not samples.
         cached = prefill_sample_cached(graded, others_running=not alone, in_event_time=True)
         if cached is None:
             return False
         assert graded.actual_ttft_s is not None
+        if tier is not None and tier[0] == wid:
+            # a sample of the tier's cost, not of the curve: the two are hard to tell
+            # apart in one TTFT (a curve taught by such requests, less a prior load cost
+            # 4x too low, read the tier as nearly free)
+            self._observe_tier(profile, graded, cached, tier[1], tier[2])
+            return True
         self.fits.observe_cold(wid, profile.config_hash, graded.prompt_tokens,
                                graded.actual_ttft_s, now_s, cached)  # fmt: skip
         # On a chunked engine the busy chains already took it, at its first token, as a
@@ -226,6 +238,30 @@ class Learner:
                                   graded.actual_ttft_s, cost.step_overhead_s)  # fmt: skip
             self._feed_chain(wid, profile.config_hash, sample, now_s)
         return True
+
+    def remember_tier(self, rid: RequestId, wid: WorkerId, lower: tuple[Tier, int]) -> None:
+        """``rid`` was sent to ``wid`` with ``lower[1]`` tokens credited from tier
+        ``lower[0]`` (and none from another lower tier)."""
+        self.tier_credit[rid] = (wid, lower[0], lower[1])
+        if len(self.tier_credit) > self.config.decision_memory:
+            self.tier_credit.popitem(last=False)
+
+    def _observe_tier(self, profile: WorkerProfile, graded: GradedRequest, cached: int,
+                      tier: Tier, tokens: int) -> None:  # fmt: skip
+        """A prefill sample that loaded ``tokens`` from ``tier``: its load time per token
+        is a sample of the tier's cost, once the worker has a curve to take its own
+        prefill from (:mod:`foretoken.core.cost.tier_costs`), and the engine reused at
+        least the credit."""
+        wid = profile.worker_id
+        curve = self.fits.curve(wid)
+        if curve.default or cached < graded.credited_cached_tokens or tokens <= 0:
+            return
+        n = graded.prompt_tokens
+        assert graded.actual_ttft_s is not None
+        per_step = _least_chunk(profile) if profile.scheduler.chunked_prefill else n
+        steps = -(-(n - cached) // max(per_step, 1))
+        own = curve.own_prefill_s(n, cached) + steps * self.fits.step_cost(wid).overhead_s
+        self.tier_costs.observe(wid, tier, (graded.actual_ttft_s - own) / tokens)
 
     def remember_prompt(
         self, rid: RequestId, tokens: Sequence[int] | np.ndarray, wid: WorkerId
@@ -242,6 +278,7 @@ class Learner:
 
     def forget(self, rid: RequestId) -> None:
         self.served_prompts.pop(rid, None)
+        self.tier_credit.pop(rid, None)
         self.windows.forget(rid)
         self.quantiles.drop(rid)
 

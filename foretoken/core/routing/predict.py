@@ -12,6 +12,7 @@ import numpy as np
 
 from foretoken.core.cost.fit import PrefillCurve, StepCost
 from foretoken.core.cost.registry import FitRegistry
+from foretoken.core.cost.tier_costs import TierCosts
 from foretoken.core.cost.wait_scale import WaitScale, WaitScaleConfig
 from foretoken.core.index.protocol import Index
 from foretoken.core.index.state import CacheHit
@@ -44,6 +45,8 @@ def deepest_tier(hit: CacheHit) -> Tier | None:
 class Candidate(msgspec.Struct, frozen=True, gc=False):
     prediction: CandidatePrediction
     cached_tokens: int
+    # The one lower tier the credit reads from and its tokens (None: none, or several).
+    lower: tuple[Tier, int] | None = None
 
 
 def step_cost(fits: FitRegistry, worker: WorkerId, native: bool = True) -> CurveStepCost:
@@ -79,6 +82,7 @@ class Predictions:
         self, index: Index, fits: FitRegistry, book: WorkerBook, config: PredictorConfig
     ) -> None:
         self.index, self.fits, self.book, self.config = index, fits, book, config
+        self.tier_costs = TierCosts(config.tier_load_s_per_token)
         self.wait_scale: WaitScale | None = None
         if config.wait_scale:
             self.wait_scale = WaitScale(WaitScaleConfig(
@@ -118,13 +122,15 @@ class Predictions:
         self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float, out: int
     ) -> Candidate:
         wid = profile.worker_id
-        load_s, deepest, cached = 0.0, None, 0
+        load_s, deepest, cached, lower = 0.0, None, 0, None
         if hit is not None:
             cached = min(hit.tokens, n)
             if hit.cpu_tokens or hit.disk_tokens or hit.shared_tokens:
                 tiers = hit.by_tier()
-                load_costs = self.config.tier_load_s_per_token
-                load_s = sum(load_costs.get(t, 0.0) * tiers.get(t, 0) for t in LOWER_TIERS)
+                costs = self.tier_costs
+                load_s = sum(costs.cost(wid, t) * tiers.get(t, 0) for t in LOWER_TIERS)
+                used = [(t, tiers[t]) for t in LOWER_TIERS if tiers.get(t, 0) > 0]
+                lower = used[0] if len(used) == 1 else None
             deepest = deepest_tier(hit)
         curve, step = self.fits.answer(wid)
         result = self.book.queues[wid].predict(
@@ -142,4 +148,4 @@ class Predictions:
             or not profile.has_kv_events,
             cache_source=profile.cache_source,
         )  # fmt: skip
-        return Candidate(prediction, cached)
+        return Candidate(prediction, cached, lower)

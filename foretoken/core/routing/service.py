@@ -69,7 +69,8 @@ class RouteService:
             floor_s=cfg.quantile_floor_s, default_factor=cfg.quantile_default_factor,
         ))  # fmt: skip
         self.decider = Decider(self.config, controls, self.book, self.fits, self.quantiles)
-        self.learner = Learner(index, self.fits, self.book, self.config, self.quantiles)
+        self.learner = Learner(index, self.fits, self.book, self.config, self.quantiles,
+                               self.predictions.tier_costs)  # fmt: skip
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
         self.overruled = 0  # our decisions another one replaced (see _withdraw_overruled)
         # Admitted decisions whose grant has not come back on `grants` yet: (worker, when).
@@ -83,6 +84,7 @@ class RouteService:
             self.quantiles.forget(profile.worker_id)
             if self.predictions.wait_scale is not None:
                 self.predictions.wait_scale.forget_worker(profile.worker_id)
+            self.predictions.tier_costs.forget_worker(profile.worker_id)
         self.fits.apply_registration(profile)
         self.book.apply(profile)
 
@@ -200,6 +202,9 @@ class RouteService:
         # (on_grant): only a request the router acted on reaches an engine.
         if result.admitted and result.worker_id is not None:
             self._apply(query, result, now_s)
+            for c in candidates:  # a credit from one lower tier: a sample of its load cost
+                if c.lower is not None and c.prediction.worker_id == result.worker_id:
+                    self.learner.remember_tier(query.request_id, result.worker_id, c.lower)
             self.unconfirmed[query.request_id] = (result.worker_id, now_s)
             if len(self.unconfirmed) > self.config.decision_memory:
                 self.unconfirmed.popitem(last=False)
