@@ -61,6 +61,8 @@ from foretoken.core.types import (
 MAX_BURST_PROMPTS = 256
 # Decode steps held per worker until it has a curve to judge them by (_observe_window).
 MAX_HELD_STEPS = 256
+# A cold sample's step overheads come off its TTFT unless that leaves less than this share.
+COLD_OVERHEAD_FLOOR = 0.5
 
 
 class Learner:
@@ -227,8 +229,19 @@ class Learner:
             # 4x too low, read the tier as nearly free)
             self._observe_tier(profile, graded, cached, tier[1], tier[2])
             return True
-        self.fits.observe_cold(wid, profile.config_hash, graded.prompt_tokens,
-                               graded.actual_ttft_s, now_s, cached)  # fmt: skip
+        ttft = graded.actual_ttft_s
+        # Less the overheads of the steps its prefill took: the queue walk adds those on top
+        # of C(N) − C(K) (as busy-chain samples do, alone_sample) — once the worker has a
+        # step fit of its own (a default or scaled prior taken off made 9 of 294 graded
+        # cells worse, against 1), and unless that would take more than half of it.
+        n = graded.prompt_tokens
+        per_step = _least_chunk(profile) if profile.scheduler.chunked_prefill else n
+        steps = -(-(n - cached) // max(per_step, 1))
+        step = self.fits.step_cost(wid)
+        bare = ttft - steps * step.overhead_s
+        if not step.default and bare > COLD_OVERHEAD_FLOOR * ttft:
+            ttft = bare
+        self.fits.observe_cold(wid, profile.config_hash, n, ttft, now_s, cached)
         # On a chunked engine the busy chains already took it, at its first token, as a
         # clean chain (sent to an idle engine); a serial engine's come from here.
         chains = self.config.busy_chain_budgets > 0

@@ -4,8 +4,10 @@ One engine with a GPU pool that holds about one prompt and a large CPU tier: pro
 come back after others pushed them out of GPU memory are credited from the CPU tier (the
 index follows the chain across tiers). Requests arrive one at a time, so each ran alone; the
 predictor learns the tier's cost per token from those TTFTs less its own fitted prefill,
-starting from the configured prior (2e-6 s per token, 4x below the truth). Only this test
-reads the truth, to grade: within ±20%.
+starting from the configured prior (2e-6 s per token, 4x below the truth). Both rest on a
+curve whose cold samples have their step overheads taken out (10 ms a step here: left in,
+the curve's ``a`` came out 1.3x and the tier 0.65x). Only this test reads the truth, to
+grade: within ±20%.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def fleet() -> FleetSpec:
         kv=KvCapacity(gpu_blocks=640, cpu_blocks=16_384),  # 10k tokens on GPU, 262k on CPU
         scheduler=SchedulerSettings(max_num_batched_tokens=8192, max_num_seqs=16),
         truth=TruthSpec(prefill_a_s_per_token=4e-5, prefill_b_s_per_token2=1e-11,
-                        step_overhead_s=0.002, decode_s_per_seq=1e-4, noise_sigma=0.03,
+                        step_overhead_s=0.01, decode_s_per_seq=1e-4, noise_sigma=0.03,
                         cpu_load_s_per_token=TRUE_CPU_S_PER_TOKEN, seed=5),
     ),))  # fmt: skip
 
@@ -39,15 +41,19 @@ def fleet() -> FleetSpec:
 def trace(n: int = 160, prefixes: int = 12, seed: int = 2) -> list[TraceRequest]:
     rng = np.random.default_rng(seed)
     out = []
+    at_s = 0.0
     for i in range(n):
         key = int(rng.integers(prefixes))
         head = 600 + 700 * key  # a document of its own, 0.6k-8.3k tokens
         tail = int(rng.integers(64, 512))  # a new question about it
         out.append(TraceRequest(
-            request_id=RequestId(f"t{i:04d}"), arrival_s=2.0 * i, prompt_tokens=head + tail,
-            output_tokens=8, segment_keys=(1000 + key, 900_000 + i),
+            request_id=RequestId(f"t{i:04d}"), arrival_s=at_s, prompt_tokens=head + tail,
+            output_tokens=8 if i % 8 else 400, segment_keys=(1000 + key, 900_000 + i),
             segment_lengths=(head, tail),
         ))  # fmt: skip
+        # mostly one at a time; every 8th request decodes long, so that the next few run
+        # beside a decode and the step fit sees one and two sequences running
+        at_s += 2.0 if i % 8 else 0.5
     return out
 
 
@@ -56,7 +62,8 @@ def test_the_cpu_tier_cost_is_learned_from_requests_credited_there() -> None:
     policy = PredictorPolicy.for_fleet(spec)
     result = replay(trace(), spec, policy, progress=False)
     costs = policy.core.service.predictions.tier_costs
-    from_cpu = [r for r in result.records if r.status == "served"]
-    assert len(from_cpu) == 160
+    assert sum(r.status == "served" for r in result.records) == 160
     assert costs.samples(W, "CPU") >= 20, "requests credited from the CPU tier were samples"
     assert costs.cost(W, "CPU") == pytest.approx(TRUE_CPU_S_PER_TOKEN, rel=0.2)
+    curve = policy.core.service.fits.curve(W)
+    assert not curve.default and curve.a == pytest.approx(4e-5, rel=0.2)
