@@ -128,8 +128,9 @@ class ProcessorState:
         assert isinstance(record, Outcome)
         now = time.time()
         if self.lag.caught_up_at is not None:
-            self.outcome_delay.append((now, max(0.0, now - record.ts)))
-            self.metrics.outcome_delay.observe(max(0.0, now - record.ts))
+            delay = max(0.0, now - record.ts)
+            self.outcome_delay.append((now, delay))
+            self.metrics.outcome_delay.observe(delay)
         if not self.grading:
             self.core.service.on_outcome(record, now)
             return []

@@ -235,10 +235,8 @@ class Learner:
         # step fit of its own (a default or scaled prior taken off made 9 of 294 graded
         # cells worse, against 1), and unless that would take more than half of it.
         n = graded.prompt_tokens
-        per_step = _least_chunk(profile) if profile.scheduler.chunked_prefill else n
-        steps = -(-(n - cached) // max(per_step, 1))
         step = self.fits.step_cost(wid)
-        bare = ttft - steps * step.overhead_s
+        bare = ttft - _prefill_steps(profile, n, cached) * step.overhead_s
         if not step.default and bare > COLD_OVERHEAD_FLOOR * ttft:
             ttft = bare
         self.fits.observe_cold(wid, profile.config_hash, n, ttft, now_s, cached)
@@ -271,8 +269,7 @@ class Learner:
             return
         n = graded.prompt_tokens
         assert graded.actual_ttft_s is not None
-        per_step = _least_chunk(profile) if profile.scheduler.chunked_prefill else n
-        steps = -(-(n - cached) // max(per_step, 1))
+        steps = _prefill_steps(profile, n, cached)
         own = curve.own_prefill_s(n, cached) + steps * self.fits.step_cost(wid).overhead_s
         self.tier_costs.observe(wid, tier, (graded.actual_ttft_s - own) / tokens)
 
@@ -451,6 +448,12 @@ def _least_chunk(profile: WorkerProfile) -> int:
     threshold = settings.long_prefill_token_threshold
     budget = settings.max_num_batched_tokens
     return min(budget, threshold) if threshold > 0 else budget
+
+
+def _prefill_steps(profile: WorkerProfile, n: int, cached: int) -> int:
+    """The steps a prompt of ``n`` tokens (``cached`` reused) takes to prefill alone."""
+    per_step = _least_chunk(profile) if profile.scheduler.chunked_prefill else n
+    return -(-(n - cached) // max(per_step, 1))
 
 
 def last_le(prev_s: float | None, t: float) -> bool:
