@@ -127,6 +127,12 @@ class FitConfig:
     # 1.4-1.6x the truth on poisson-long/random-1/1.3 (cap 1024: many steps per chain)
     # and the matrix's random-1 cells lost 8.6 points within 1 s (mean 73.3% vs 81.9%).
     busy_min_share: float = 0.0
+    # The busy-chain fit answers once its kept samples hold this many new tokens. A chain
+    # of one short prompt is one step whose time is nearly all overhead: taken out at the
+    # step cost, what is left over its few tokens is noise (34 tokens in a 12 ms step gave
+    # a = 4.9e-6 against a true 3.3e-5, and the worker underpredicted a burst by 2-3 s).
+    # 512 tokens prefill in about one step overhead on a fast engine (1e-5 s/token, 5 ms).
+    busy_min_tokens: float = 512.0
 
     def __post_init__(self) -> None:
         defaults = (self.default_a, self.default_b, self.default_overhead_s, self.default_per_seq_s)
@@ -528,7 +534,8 @@ class BusyChainFit(OnlinePrefillFit):
         prefill = y - self._steps[:n] * (overhead_s + per_seq_s * self._decoding[:n])
         keep = (prefill > 0) & (prefill >= self.config.busy_min_share * y)
         kept = int(np.count_nonzero(keep))
-        if n == 0 or kept < self.config.busy_min_samples:
+        if (n == 0 or kept < self.config.busy_min_samples
+                or float(u[keep].sum()) < self.config.busy_min_tokens):  # fmt: skip
             curve = PrefillCurve(*self._default, kept, 0, True)
         else:
             seq = self._seq[:n][keep]

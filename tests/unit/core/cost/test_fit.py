@@ -538,7 +538,7 @@ def test_busy_chain_fit_takes_out_the_steps_at_the_step_cost_it_is_asked_with() 
     from foretoken.core.cost.fit import BusyChainFit, FitConfig
 
     a, b, overhead = 2.0e-5, 3.7e-11, 0.003  # the engine's
-    fit = BusyChainFit(FitConfig(busy_min_share=0.5), b=b)
+    fit = BusyChainFit(FitConfig(busy_min_share=0.5, busy_min_tokens=0), b=b)
     n = 374
     assert fit.observe_uv(n, n * n, overhead + a * n + b * n * n, 0.0, steps=1)
     # at the true overhead: a exactly; at a default 15 ms the 10.5 ms sample is dominated
@@ -551,6 +551,20 @@ def test_busy_chain_fit_takes_out_the_steps_at_the_step_cost_it_is_asked_with() 
     high = fit.curve_with(0.015, 0.0)
     assert not high.default and high.samples == 1 and high.a < a  # only the long one answers
     assert fit.curve_with(0.015, 0.0) is high  # cached until a sample or the step cost changes
+
+
+def test_a_busy_chain_fit_answers_once_its_samples_hold_enough_new_tokens() -> None:
+    """One step of a 34-token prompt is nearly all overhead: taken out at a step cost a
+    little off, what is left says nothing of ``a``. The fit waits for ``busy_min_tokens``."""
+    from foretoken.core.cost.fit import BusyChainFit, FitConfig
+
+    a, b, overhead = 3.3e-5, 3.7e-11, 0.013
+    fit = BusyChainFit(FitConfig(busy_min_tokens=512), b=b)
+    assert fit.observe_uv(34, 34 * 34, overhead + a * 34, 0.0, steps=1)
+    assert fit.curve_with(0.0128, 0.0).default  # 34 tokens: not an answer
+    assert fit.observe_uv(3000, 3000**2, 2 * overhead + a * 3000 + b * 3000**2, 1.0, steps=2)
+    curve = fit.curve_with(overhead, 0.0)
+    assert not curve.default and curve.a == pytest.approx(a, rel=0.01)
 
 
 def test_a_busy_sample_after_a_busy_chain_feeds_the_chain_fit_in_its_regressors() -> None:
