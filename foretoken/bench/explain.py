@@ -120,8 +120,8 @@ class Decomposer:
         preds = policy.core.service.predictions
         original = preds._one
 
-        def one(profile, hit, n, now_s, out):
-            cand = original(profile, hit, n, now_s, out)
+        def one(profile, hit, n, now_s, out, chain, held=0):
+            cand = original(profile, hit, n, now_s, out, chain, held)
             if self.current is not None:
                 wid = profile.worker_id
                 cost = step_cost(preds.fits, wid, native=False)

@@ -41,11 +41,14 @@ LOWER_TIERS: Final[tuple[Tier, ...]] = ("CPU", "DISK", "SHARED")
 
 class CacheSource(StrEnum):
     """Where a worker's cache credit comes from: the engine's own KV events (exact, unless
-    the index was reset), or foretoken's routing decisions for an engine that publishes
-    none (approximate: aged by a TTL and an estimated capacity)."""
+    the index was reset), foretoken's routing decisions for an engine that publishes none
+    (approximate: aged by a TTL and an estimated capacity), or a prompt this service sent
+    there that the engine still holds, whose KV events have not come in yet (``sent``:
+    :mod:`foretoken.core.routing.sent_prefixes`)."""
 
     EVENTS = "events"
     APPROXIMATE = "approximate"
+    SENT = "sent"
 
 
 class RejectReason(StrEnum):

@@ -10,6 +10,7 @@
 
 pub mod flat;
 pub mod hash;
+pub mod held;
 pub mod index;
 pub mod lru;
 pub mod prefetch;

@@ -12,6 +12,9 @@ it; ``make lint`` checks that nothing else in the package imports the extension 
 (:class:`~foretoken.core.index.prefix.PrefixIndex`): content hash spec v2, the cross-tier
 rule with the same bound, the same counters; ``tests/contract`` runs both.
 
+It also hands out the crate's ``HeldChains`` (:func:`held_chains`): the own-hash chains of
+the prompts each worker holds, for :mod:`foretoken.core.routing.sent_prefixes`.
+
 Token ids may be packed u32 bytes (what the router sends; zero-copy), a numpy array, or a
 sequence of ints; block hashes come from the wire records as they are.
 """
@@ -191,3 +194,9 @@ class NativeIndex:
                 'snapshot needs [index] backend = "python", or a rebuild from the events)'
             ) from None
         return index
+
+
+def held_chains() -> _native.HeldChains:
+    """Per worker, the own block hashes of the prompts it holds, counted (the native side
+    of :mod:`foretoken.core.routing.sent_prefixes`)."""
+    return _native.HeldChains()

@@ -40,6 +40,10 @@ class PredictorConfig:
     # of the model's workers by id), so replicas deciding at once spread over near-ties
     # instead of herding onto one idle worker. 0 = off; a single replica never uses it.
     replica_tie_margin_s: float = 0.1
+    # A prompt sent to a worker and still held there (waiting, prefilling or decoding)
+    # credits the prefix it shares with a new prompt, before its KV events come in
+    # (foretoken.core.routing.sent_prefixes).
+    credit_sent_prefixes: bool = True
     # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
     model_kv_capacity: bool = True
     # Decode samples less the prefill of prompts whose first token came during the

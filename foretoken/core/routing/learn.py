@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -273,16 +272,12 @@ class Learner:
         own = curve.own_prefill_s(n, cached) + steps * self.fits.step_cost(wid).overhead_s
         self.tier_costs.observe(wid, tier, (graded.actual_ttft_s - own) / tokens)
 
-    def remember_prompt(
-        self, rid: RequestId, tokens: Sequence[int] | np.ndarray, wid: WorkerId
-    ) -> None:
-        """A prompt sent to a worker without KV events: its own hashes, for when it is
-        served (the lookup already hashed it, but per block size of the space it hit)."""
-        profile = self.book.profiles[wid]
-        if profile.has_kv_events or not len(tokens):
+    def remember_prompt(self, rid: RequestId, wid: WorkerId, chain: np.ndarray) -> None:
+        """A prompt sent to a worker without KV events: its own hashes (for the worker's
+        block size), for when it is served."""
+        if self.book.profiles[wid].has_kv_events or not len(chain):
             return
-        owns = self.index.hash_prompt(profile.model, profile.block_size, tokens).tolist()
-        self.served_prompts[rid] = (wid, owns)
+        self.served_prompts[rid] = (wid, chain.tolist())
         if len(self.served_prompts) > self.config.decision_memory:
             self.served_prompts.popitem(last=False)
 

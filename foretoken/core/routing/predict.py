@@ -19,8 +19,10 @@ from foretoken.core.index.state import CacheHit
 from foretoken.core.queue.scheduler import CurveStepCost, NewRequest
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.fleet import WorkerBook
+from foretoken.core.routing.sent_prefixes import SentPrefixes
 from foretoken.core.types import (
     LOWER_TIERS,
+    CacheSource,
     CandidatePrediction,
     ModelName,
     Tier,
@@ -47,6 +49,8 @@ class Candidate(msgspec.Struct, frozen=True, gc=False):
     cached_tokens: int
     # The one lower tier the credit reads from and its tokens (None: none, or several).
     lower: tuple[Tier, int] | None = None
+    # The prompt's own block hashes for this worker's block size (None: no token ids).
+    chain: np.ndarray | None = None
 
 
 def step_cost(fits: FitRegistry, worker: WorkerId, native: bool = True) -> CurveStepCost:
@@ -90,6 +94,8 @@ class Predictions:
                 min_wait_s=config.wait_scale_min_wait_s, max_scale=config.wait_scale_max,
                 memory=config.decision_memory,
             ))  # fmt: skip
+        # prompts sent and still held by their worker's engine (a credit the index lacks)
+        self.sent = SentPrefixes(native=index.backend == "native")
         # per worker: the step cost built for its current (curve, step) fit values
         self._costs: dict[WorkerId, tuple[PrefillCurve, StepCost, CurveStepCost]] = {}
 
@@ -111,18 +117,40 @@ class Predictions:
     ) -> list[Candidate]:
         n = len(tokens) if len(tokens) else (prompt_tokens or 0)
         self.index.age(now_s)  # approximate views forget what their TTL says is gone
-        hits = self.index.lookup(model, tokens) if len(tokens) else {}
+        profiles = [p for p in self.book.of_model(model) if p.fits_prompt(n)]
+        chains: dict[int, np.ndarray] = {}
+        hits: dict[WorkerId, CacheHit] = {}
+        held: dict[WorkerId, int] = {}
+        if len(tokens):  # hashed once per block size: the lookup, the held prompts, _apply
+            for size in {p.block_size for p in self.book.of_model(model)}:
+                chains[size] = self.index.hash_prompt(model, size, tokens)
+            hits = self.index.lookup(model, own_hashes=chains)
+            if self.config.credit_sent_prefixes and len(self.sent):
+                for size, chain in chains.items():
+                    same = [p.worker_id for p in profiles if p.block_size == size]
+                    held |= self.sent.depths(chain, (n - 1) // size, same)
         return [
-            self._one(profile, hits.get(profile.worker_id), n, now_s, output_tokens)
-            for profile in self.book.of_model(model)
-            if profile.fits_prompt(n)
-        ]
+            self._one(profile, hits.get(profile.worker_id), n, now_s, output_tokens,
+                      chains.get(profile.block_size), held.get(profile.worker_id, 0))
+            for profile in profiles
+        ]  # fmt: skip
 
     def _one(
-        self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float, out: int
-    ) -> Candidate:
+        self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float, out: int,
+        chain: np.ndarray | None, held_blocks: int = 0,
+    ) -> Candidate:  # fmt: skip
         wid = profile.worker_id
-        load_s, deepest, cached, lower = 0.0, None, 0, None
+        load_s, cached, lower = 0.0, 0, None
+        deepest: Tier | None = None
+        source = profile.cache_source
+        # the engine counts at most (n - 1) // block_size blocks, one less with EAGLE
+        held = (held_blocks - profile.eagle) * profile.block_size if held_blocks else 0
+        if held > 0 and (hit is None or held > hit.tokens):
+            # a prompt still held there shares more: it will be in the GPU tier when this
+            # one starts (the earlier prompt loads or computes it first)
+            hit, cached, deepest = None, held, "GPU"
+            if profile.has_kv_events:  # a store-only worker's credit stays "approximate"
+                source = CacheSource.SENT
         if hit is not None:
             cached = min(hit.tokens, n)
             if hit.cpu_tokens or hit.disk_tokens or hit.shared_tokens:
@@ -146,6 +174,6 @@ class Predictions:
             queue_tokens_ahead=result.queue_tokens_ahead,
             approximate_cache=bool(hit is not None and hit.approximate)
             or not profile.has_kv_events,
-            cache_source=profile.cache_source,
+            cache_source=source,
         )  # fmt: skip
-        return Candidate(prediction, cached, lower)
+        return Candidate(prediction, cached, lower, chain)

@@ -85,6 +85,7 @@ class RouteService:
             if self.predictions.wait_scale is not None:
                 self.predictions.wait_scale.forget_worker(profile.worker_id)
             self.predictions.tier_costs.forget_worker(profile.worker_id)
+            self.predictions.sent.forget_worker(profile.worker_id)
         self.fits.apply_registration(profile)
         self.book.apply(profile)
 
@@ -112,9 +113,15 @@ class RouteService:
         queue = self.book.queues.get(ours.worker_id)
         if queue is not None and queue.finished(grant.request_id, now_s):
             self.book.withdraw(grant.request_id)
-            self.learner.forget(grant.request_id)
+            self._forget(grant.request_id)
         self.decisions[grant.request_id] = grant
         self.overruled += 1
+
+    def _forget(self, rid: RequestId) -> None:
+        """``rid`` left its queue model without an outcome (expired, overruled, never
+        acted on)."""
+        self.learner.forget(rid)
+        self.predictions.sent.release(rid)
 
     def use_index(self, index: Index) -> None:
         """Read another index from now on (a route replica restored from a newer snapshot
@@ -131,6 +138,13 @@ class RouteService:
             self._residual(outcome, outcome.actual_ttft_s)
             if scale is not None and outcome.status == "ok":
                 scale.first_token(outcome.request_id, outcome.worker_id, outcome.actual_ttft_s)
+        sent = self.predictions.sent
+        if (
+            outcome.status != "ok"
+            or outcome.kind == "completion"
+            or sent.worker_of(outcome.request_id) not in (None, outcome.worker_id)
+        ):
+            sent.release(outcome.request_id)  # done (its blocks are the index's), or elsewhere
         if outcome.status != "ok" or outcome.kind == "completion":
             self.quantiles.drop(outcome.request_id)  # no residual will come (or it came)
             if scale is not None:
@@ -156,7 +170,7 @@ class RouteService:
         if self.controls is not None:
             self.controls.tick(now_s)
         for rid in self.book.expire(now_s, self.config.outstanding_max_age_s):
-            self.learner.forget(rid)
+            self._forget(rid)
         self._expire_unconfirmed(now_s)
         self.index.age(now_s)
 
@@ -173,7 +187,7 @@ class RouteService:
             if queue is not None and queue.finished(rid, now_s):
                 self.unconfirmed_expired += 1
             self.book.withdraw(rid)
-            self.learner.forget(rid)
+            self._forget(rid)
 
     # ------------------------------------------------------------------ predictions
 
@@ -201,10 +215,8 @@ class RouteService:
         # The latency controls see the decision when its grant comes back on ``grants``
         # (on_grant): only a request the router acted on reaches an engine.
         if result.admitted and result.worker_id is not None:
-            self._apply(query, result, now_s)
-            for c in candidates:  # a credit from one lower tier: a sample of its load cost
-                if c.lower is not None and c.prediction.worker_id == result.worker_id:
-                    self.learner.remember_tier(query.request_id, result.worker_id, c.lower)
+            chosen = next(c for c in candidates if c.prediction.worker_id == result.worker_id)
+            self._apply(query, result, now_s, chosen)
             self.unconfirmed[query.request_id] = (result.worker_id, now_s)
             if len(self.unconfirmed) > self.config.decision_memory:
                 self.unconfirmed.popitem(last=False)
@@ -238,14 +250,21 @@ class RouteService:
             result = msgspec.structs.replace(result, rerouted_from=first)
         return result
 
-    def _apply(self, query: RouteQuery, result: RouteDecision, now_s: float) -> None:
-        """An admitted decision enters the chosen worker's queue model at once."""
+    def _apply(
+        self, query: RouteQuery, result: RouteDecision, now_s: float, chosen: Candidate
+    ) -> None:
+        """An admitted decision enters the chosen worker's queue model at once, and its
+        prompt the worker's held prefixes."""
         wid = result.worker_id
         assert wid is not None
         expected = query.expected_output_tokens or self.config.default_output_tokens
         self.book.enqueue(wid, query.request_id, now_s, query.prompt_length,
                           result.cached_tokens, expected)  # fmt: skip
-        self.learner.remember_prompt(query.request_id, query.tokens, wid)
+        if chosen.chain is not None:
+            self.predictions.sent.add(query.request_id, wid, chosen.chain)
+            self.learner.remember_prompt(query.request_id, wid, chosen.chain)
+        if chosen.lower is not None:  # a credit from one lower tier: a sample of its cost
+            self.learner.remember_tier(query.request_id, wid, chosen.lower)
         self.decider.remember_conversation(query, wid)
         if result.predicted_ttft_s is not None and not result.fallback:
             self.note_prediction(query.request_id, wid, result.predicted_ttft_s,

@@ -7,7 +7,7 @@
 //!
 //! By role: [`args`] converts the arguments, [`events`] parses KV events, [`outputs`]
 //! builds the results; [`hashing`] holds the hash functions, [`index`] the `NativeIndex`
-//! class and [`queue`] the `QueueFuture` class.
+//! class, [`queue`] the `QueueFuture` class and [`held`] the `HeldChains` class.
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -20,6 +20,7 @@ use crate::stats::ApplyStats;
 mod args;
 mod events;
 mod hashing;
+mod held;
 mod index;
 mod outputs;
 mod queue;
@@ -32,6 +33,7 @@ fn foretoken_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::chain_bytes, m)?)?;
     m.add_class::<index::NativeIndex>()?;
     m.add_class::<queue::QueueFuture>()?;
+    m.add_class::<held::HeldChains>()?;
     m.add(
         "APPLY_STATS_FIELDS",
         PyTuple::new(m.py(), ApplyStats::FIELDS)?,

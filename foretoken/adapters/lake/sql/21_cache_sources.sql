@@ -1,6 +1,7 @@
 -- Where the cache credit came from (issue 9), over served requests: "events" (the engines'
--- own KV events) or "approximate" (engines that publish none: credited from the prompts
--- foretoken routed there, aged by a TTL and an estimated capacity). Rows written before
+-- own KV events), "approximate" (engines that publish none: credited from the prompts
+-- foretoken routed there, aged by a TTL and an estimated capacity) or "sent" (a prompt
+-- foretoken sent there and the engine still held, its KV events not in yet). Rows written before
 -- the column existed count as "events". Engines that report no cached tokens leave their
 -- reuse unknown (NULL, never 0): reuse_known / reuse_unknown count both kinds, and the
 -- disagreement (PRODUCT.md §4) is computed only where both sides are known.

@@ -284,7 +284,8 @@ def test_small_prompts_on_a_chunked_engine_give_no_busy_samples() -> None:
     its send); the gaps of the small prompts queued behind it are not theirs alone."""
     p = _predictor(1)
     for k in range(12):
-        req = RouteRequest(request_id=f"s{k}", model=MODEL, token_ids=tuple(range(500 + k)))
+        tokens = tuple(range(1000 * k, 1000 * k + 500 + k))  # nothing shared
+        req = RouteRequest(request_id=f"s{k}", model=MODEL, token_ids=tokens)
         p.route(req.query(), 0.0, 0.0)
     for k in range(12):
         p.on_outcome(Outcome(request_id=f"s{k}", ts=0.1 * (k + 1), kind="first_token",
