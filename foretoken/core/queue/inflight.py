@@ -169,6 +169,16 @@ class InFlightEstimate:
             return 0
         return seq.end - self._unconfirmed(seq).computed
 
+    def prefill_left(self) -> list[int]:
+        """Prompt tokens each sequence without a first token still has to compute (one
+        admitted keeps at least its last chunk), admitted ones first."""
+        scheduler = self._scheduler
+        chunk = scheduler.min_chunk  # as _unconfirmed keeps it
+        left = [max(s.end - s.computed, chunk(s)) for s in scheduler.prefilling]
+        left += [max(s.end - s.computed, chunk(s)) for s in scheduler.dec_seqs if not s.seen]
+        left += [s.end - s.computed for s in scheduler.waiting]
+        return left
+
     def state(self) -> QueueState:
         """The estimate as a replay starts from it (see :meth:`predict`)."""
         scheduler, _ = self._replay_copy()

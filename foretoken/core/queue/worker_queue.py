@@ -206,6 +206,12 @@ class WorkerQueue:
         self._catch_up(now_s, cost)
         return self._estimate.predict(new_request, now_s, cost)
 
+    def prefill_left(self, now_s: float, cost: StepCost) -> list[int]:
+        """Prompt tokens each request without a first token still has to compute, as the
+        estimate at ``now_s`` has it (admitted ones first, then the waiting ones in order)."""
+        self._catch_up(now_s, cost)
+        return self._estimate.prefill_left()
+
     def admission_blocked(self, now_s: float, cost: StepCost) -> bool:
         """Whether the estimate at ``now_s`` has a waiting head that cannot start."""
         self._catch_up(now_s, cost)

@@ -44,6 +44,11 @@ class PredictorConfig:
     # credits the prefix it shares with a new prompt, before its KV events come in
     # (foretoken.core.routing.sent_prefixes).
     credit_sent_prefixes: bool = True
+    # A worker is chosen by its predicted TTFT plus this times the delay the new prompt's
+    # prefill adds to the prompts already prefilling there (engines that cap each prompt's
+    # chunk below the step budget: foretoken.core.routing.predict.placement_delay_s).
+    # Those prompts' TTFTs were promised; a burst piled on one worker broke them.
+    placement_delay_weight: float = 1.0
     # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
     model_kv_capacity: bool = True
     # Decode samples less the prefill of prompts whose first token came during the
@@ -86,8 +91,8 @@ class PredictorConfig:
             raise ValueError(f"explore_fraction must be within [0, 1], got {self.explore_fraction}")
         if not 0 < self.min_retry_after_s <= self.max_retry_after_s:
             raise ValueError("need 0 < min_retry_after_s <= max_retry_after_s")
-        if self.replica_tie_margin_s < 0:
-            raise ValueError("replica_tie_margin_s must be >= 0")
+        if self.replica_tie_margin_s < 0 or self.placement_delay_weight < 0:
+            raise ValueError("replica_tie_margin_s and placement_delay_weight must be >= 0")
         if min(self.overload_wait_s, self.outstanding_max_age_s, self.unconfirmed_decision_s) <= 0:
             raise ValueError(
                 "overload_wait_s, outstanding_max_age_s and unconfirmed_decision_s must be > 0"

@@ -90,7 +90,13 @@ class Decider:
         def key(c: Candidate) -> tuple[float, int]:
             return (c.prediction.predicted_ttft_s, c.prediction.queue_tokens_ahead)
 
-        best = min(candidates, key=key)
+        weight = self.config.placement_delay_weight
+
+        def placed(c: Candidate) -> tuple[float, int]:  # its TTFT and what it costs others
+            return (c.prediction.predicted_ttft_s + weight * c.delay_s,
+                    c.prediction.queue_tokens_ahead)  # fmt: skip
+
+        best = min(candidates, key=placed)
         learner = self._learner(query, candidates)
         if learner is not None:
             return learner

@@ -25,6 +25,7 @@ from foretoken.core.types import (
     CacheSource,
     CandidatePrediction,
     ModelName,
+    SchedulerSettings,
     Tier,
     WorkerId,
     WorkerProfile,
@@ -51,6 +52,35 @@ class Candidate(msgspec.Struct, frozen=True, gc=False):
     lower: tuple[Tier, int] | None = None
     # The prompt's own block hashes for this worker's block size (None: no token ids).
     chain: np.ndarray | None = None
+    # Seconds its prefill would add to the first tokens of the prompts already there
+    # (:func:`placement_delay_s`): what choosing this worker costs the others.
+    delay_s: float = 0.0
+
+
+def shares_steps(settings: SchedulerSettings) -> bool:
+    """Whether prompts prefill side by side there: chunked, each chunk capped below the
+    step budget."""
+    cap = settings.long_prefill_token_threshold
+    return settings.chunked_prefill and 0 < cap < settings.max_num_batched_tokens
+
+
+def placement_delay_s(settings: SchedulerSettings, lefts: list[int], u: int, a: float) -> float:
+    """Prefill seconds a new prompt of ``u`` new tokens adds to the first tokens of the
+    prompts without one on an engine that caps each prompt's chunk below its step budget
+    (``long_prefill_token_threshold``): there several prompts prefill side by side, a chunk
+    of each per step, and every step the new one shares lengthens by its chunk, so a prompt
+    with ``left`` tokens to go waits ``a·min(left, u)`` longer. With more such prompts than
+    the budget has chunks, the new one starts once all but ``budget // cap − 1`` of them
+    are done (FIFO), and delays only those. Without a cap the engine prefills in arrival
+    order and a new prompt delays nobody ahead of it: 0."""
+    if not shares_steps(settings) or not lefts or u <= 0:
+        return 0.0
+    slots = max(settings.max_num_batched_tokens // settings.long_prefill_token_threshold, 1)
+    ahead = sorted(lefts)
+    if len(ahead) >= slots:
+        done = ahead[len(ahead) - slots]
+        ahead = [left - done for left in ahead[len(ahead) - slots + 1 :]]
+    return a * sum(min(left, u) for left in ahead)
 
 
 def step_cost(fits: FitRegistry, worker: WorkerId, native: bool = True) -> CurveStepCost:
@@ -161,9 +191,13 @@ class Predictions:
                 lower = used[0] if len(used) == 1 else None
             deepest = deepest_tier(hit)
         curve, step = self.fits.answer(wid)
-        result = self.book.queues[wid].predict(
-            NewRequest(n, cached, out), now_s, self._cost(wid, curve, step)
-        )
+        queue, cost = self.book.queues[wid], self._cost(wid, curve, step)
+        result = queue.predict(NewRequest(n, cached, out), now_s, cost)
+        delay = 0.0
+        if (self.config.placement_delay_weight > 0 and queue.unstarted_count
+                and shares_steps(profile.scheduler)):  # fmt: skip
+            lefts = queue.prefill_left(now_s, cost)
+            delay = placement_delay_s(profile.scheduler, lefts, n - cached, curve.a)
         prefill = curve.own_prefill_s(n, cached) + load_s
         ttft = max(result.ttft_s + load_s, prefill)
         if self.wait_scale is not None:
@@ -176,4 +210,4 @@ class Predictions:
             or not profile.has_kv_events,
             cache_source=source,
         )  # fmt: skip
-        return Candidate(prediction, cached, lower, chain)
+        return Candidate(prediction, cached, lower, chain, delay)
