@@ -47,8 +47,10 @@ class PredictorConfig:
     # A worker is chosen by its predicted TTFT plus this times the delay the new prompt's
     # prefill adds to the prompts already prefilling there (engines that cap each prompt's
     # chunk below the step budget: foretoken.core.routing.predict.placement_delay_s).
-    # Those prompts' TTFTs were promised; a burst piled on one worker broke them.
-    placement_delay_weight: float = 1.0
+    # Those prompts' TTFTs were promised; a burst piled on one worker broke them. 1 would
+    # minimise the sum of TTFTs; a promise kept is worth more than a new request's own
+    # speed: 4 (1, 2, 4, 8 measured, docs/BENCHMARKS.md).
+    placement_delay_weight: float = 4.0
     # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
     model_kv_capacity: bool = True
     # Decode samples less the prefill of prompts whose first token came during the
