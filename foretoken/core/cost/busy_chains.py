@@ -82,6 +82,9 @@ class ChainSample:
     raw_s: float = 0.0
     steps: int = 0
     decoding: float = 0.0
+    # Its start and its prompts are known exactly: a prompt alone from a known start, or a
+    # clean chain that ran until nothing sent waited (no other prompt's chunk in its steps).
+    exact: bool = False
 
 
 @dataclass(slots=True)
@@ -112,7 +115,7 @@ class BusyChains:
         chain = _Chain(clean=True, last_s=ts, step_s=step_s, decoding=decoding)
         self.chains[wid] = chain
         _extend(chain, n, cached, ttft_s, False)
-        return self._end_clean(wid, chain, settings) if drained else None
+        return self._end_clean(wid, chain, settings, exact=True) if drained else None
 
     def close_clean(self, wid: WorkerId, settings: SchedulerSettings,
                     ts: float) -> ChainSample | None:  # fmt: skip
@@ -148,7 +151,7 @@ class BusyChains:
             _extend(chain, n, cached, gap_s, same)
             chain.last_s += gap_s
             if drained:
-                return self._end_clean(wid, chain, settings)
+                return self._end_clean(wid, chain, settings, exact=True)
             if chain.u >= CLEAN_BUDGETS * budget:
                 chain.clean = False  # too long to wait for: it ends as a busy chain does
             return None
@@ -165,10 +168,10 @@ class BusyChains:
             del self.chains[wid]
         return sample
 
-    def _end_clean(self, wid: WorkerId, chain: _Chain,
-                   settings: SchedulerSettings) -> ChainSample | None:  # fmt: skip
+    def _end_clean(self, wid: WorkerId, chain: _Chain, settings: SchedulerSettings,
+                   exact: bool = False) -> ChainSample | None:  # fmt: skip
         del self.chains[wid]
-        return _sample(chain, settings, chain.step_s, chain.decoding)
+        return _sample(chain, settings, chain.step_s, chain.decoding, exact)
 
 
 def _extend(chain: _Chain, n: int, cached: int, gap_s: float, same_step: bool) -> None:
@@ -191,12 +194,13 @@ def alone_sample(
     prefill: 14 ms of a 25 ms TTFT on 374 tokens doubles ``a``)."""
     k = min(max(cached, 0), n)
     chain = _Chain(seconds=ttft_s, u=n - k, v=n * n - k * k, longest=n - k, steps=1)
-    return _sample(chain, settings, step_s, decoding) if n > k else None
+    return _sample(chain, settings, step_s, decoding, exact=True) if n > k else None
 
 
 def _sample(
-    chain: _Chain, settings: SchedulerSettings, step_s: float, decoding: float
-) -> ChainSample | None:
+    chain: _Chain, settings: SchedulerSettings, step_s: float, decoding: float,
+    exact: bool = False,
+) -> ChainSample | None:  # fmt: skip
     budget = settings.max_num_batched_tokens
     cap = settings.long_prefill_token_threshold or budget
     steps = max(
@@ -207,4 +211,4 @@ def _sample(
     seconds = chain.seconds - steps * step_s
     if not chain.seconds > 0:
         return None
-    return ChainSample(chain.u, chain.v, seconds, chain.seconds, steps, decoding)
+    return ChainSample(chain.u, chain.v, seconds, chain.seconds, steps, decoding, exact)

@@ -133,6 +133,13 @@ class FitConfig:
     # a = 4.9e-6 against a true 3.3e-5, and the worker underpredicted a burst by 2-3 s).
     # 512 tokens prefill in about one step overhead on a fast engine (1e-5 s/token, 5 ms).
     busy_min_tokens: float = 512.0
+    # From this many kept *exact* busy-chain samples (a prompt alone from a known start, a
+    # clean chain that ran until nothing waited) whose effective prompt sizes (v / u) span
+    # min_spread, the busy-chain fit learns b with a (the cold fit's robust regression on
+    # their u and v), where they determine b (b > 2 standard errors); else b stays fixed.
+    # Busy chains are left out: on a small capped engine their long prompts' chains carry
+    # others' chunks (1.1-2.1x the truth above 20k tokens), which read as a large b. 0: never.
+    busy_joint_min_samples: int = 8
 
     def __post_init__(self) -> None:
         defaults = (self.default_a, self.default_b, self.default_overhead_s, self.default_per_seq_s)
@@ -487,67 +494,6 @@ class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
 
     def _columns(self, x: FloatArray, c: FloatArray) -> tuple[FloatArray, FloatArray]:
         return x - c, x * x - c * c
-
-
-class BusyChainFit(OnlinePrefillFit):
-    """The prefill curve from busy chains (:mod:`foretoken.core.cost.busy_chains`): each
-    sample is the regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)`` of several prompts, the
-    seconds the engine took over them and how many steps (with how many requests decoding)
-    those held. ``b`` is fixed (the reference deployment's), ``a`` is the decayed weighted
-    median of ``(seconds − steps·step − b·v) / u``: robust to the heavy two-sided noise of
-    such samples, and needing no spread of N. The steps are taken out with the step cost
-    the curve is asked with (:meth:`curve_with`, the one the queue walk adds to it), so the
-    first samples, taken while the step cost was still the default, are corrected once it
-    is learned; a sample whose prefill is below ``busy_min_share`` of its time then does
-    not answer."""
-
-    def __init__(self, config: FitConfig, b: float = REFERENCE_B_S_PER_TOKEN2) -> None:
-        super().__init__(config)
-        self._b = b
-        self._steps = np.zeros(self._robust.window)
-        self._decoding = np.zeros(self._robust.window)
-        self._cache: tuple[tuple[float, float, int], PrefillCurve] | None = None
-
-    def observe_uv(self, u: float, v: float, seconds: float, ts: float, steps: int = 0,
-                   decoding: float = 0.0) -> bool:  # fmt: skip
-        slot = self._pushed % len(self._x)
-        self._steps[slot], self._decoding[slot] = steps, decoding
-        return u > 0 and v >= 0 and self._add(float(u), seconds, ts, float(v))
-
-    def _ready(self) -> bool:
-        return self.samples >= self.config.busy_min_samples
-
-    def _refit(self) -> None:  # answered on demand (curve_with), from the window
-        self._pending, self._value = 0, None
-
-    @property
-    def value(self) -> PrefillCurve:
-        return self.curve_with(0.0, 0.0)
-
-    def curve_with(self, overhead_s: float, per_seq_s: float) -> PrefillCurve:
-        """The curve with steps of ``overhead_s + per_seq_s × decoding`` taken out."""
-        key = (overhead_s, per_seq_s, self._pushed)
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
-        n, cfg = self.samples, self._robust
-        u, v, y = self._x[:n], self._c[:n], self._y[:n]
-        prefill = y - self._steps[:n] * (overhead_s + per_seq_s * self._decoding[:n])
-        keep = (prefill > 0) & (prefill >= self.config.busy_min_share * y)
-        kept = int(np.count_nonzero(keep))
-        if (n == 0 or kept < self.config.busy_min_samples
-                or float(u[keep].sum()) < self.config.busy_min_tokens):  # fmt: skip
-            curve = PrefillCurve(*self._default, kept, 0, True)
-        else:
-            seq = self._seq[:n][keep]
-            log2_weight = np.zeros(kept)
-            if cfg.half_life_samples is not None:
-                log2_weight -= (seq.max() - seq) / cfg.half_life_samples
-            ratio = (prefill[keep] - self._b * v[keep]) / u[keep]
-            a = max(_weighted_median(ratio, np.exp2(log2_weight)), 0.0)
-            self._version += 1
-            curve = PrefillCurve(a, self._b, kept, self._version, False)
-        self._cache = (key, curve)
-        return curve
 
 
 class StepCostFit(_OnlineFit[StepCost]):

@@ -28,9 +28,9 @@ from typing import Final, TypeVar
 
 import msgspec
 
+from foretoken.core.cost.busy_fit import BusyChainFit
 from foretoken.core.cost.fit import (
     SNAPSHOT_VERSION,
-    BusyChainFit,
     FitConfig,
     FitState,
     OnlinePrefillFit,
@@ -194,7 +194,7 @@ class FitRegistry:
 
     def observe_busy_chain(
         self, worker_id: WorkerId, config_hash: str, u: float, v: float, seconds: float,
-        ts: float, steps: int = 0, decoding: float = 0.0,
+        ts: float, steps: int = 0, decoding: float = 0.0, exact: bool = False,
     ) -> bool:  # fmt: skip
         """A busy chain (:mod:`foretoken.core.cost.busy_chains`): consecutive first tokens
         of a never-idle worker, their gaps summed (the fit subtracts ``steps`` steps'
@@ -205,7 +205,7 @@ class FitRegistry:
         fits = self._for_sample(worker_id, config_hash)
         if not isinstance(fits.busy, BusyChainFit):
             fits.busy = BusyChainFit(self.config)
-        return fits.busy.observe_uv(u, v, seconds, ts, steps, decoding)
+        return fits.busy.observe_uv(u, v, seconds, ts, steps, decoding, exact)
 
     def observe_decode(
         self, worker_id: WorkerId, config_hash: str, tpot_s: float, mean_running: float, ts: float

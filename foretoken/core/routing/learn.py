@@ -425,7 +425,8 @@ class Learner:
     ) -> None:
         if sample is not None:
             self.fits.observe_busy_chain(wid, config_hash, sample.u, sample.v, sample.raw_s,
-                                         now_s, sample.steps, sample.decoding)  # fmt: skip
+                                         now_s, sample.steps, sample.decoding,
+                                         sample.exact)  # fmt: skip
 
     def _settled(self, wid: WorkerId) -> bool:
         """Whether the worker's clean chains wait for a drained queue (``busy_chain_settle``)."""

@@ -23,7 +23,7 @@ SETTINGS = ControlSettings(
 
 def _run(controls: str, policy: str = "predictor") -> dict[str, object]:
     return replay_command(
-        trace="azure-code", fleet="hetero", policy=policy, speedup=None, capacity_factor=1.5,
+        trace="azure-code", fleet="hetero", policy=policy, speedup=None, capacity_factor=2.0,
         limit=1000, bounds=None, out=None, seed=0, progress=False, controls=controls,
         classes="interactive:0.4,batch:0.6", control_settings=SETTINGS,
     )  # fmt: skip

@@ -515,7 +515,8 @@ def test_pooled_values_follow_every_change_of_the_peers_fits() -> None:
 
 
 def test_busy_chain_fit_recovers_a_with_b_fixed_despite_two_sided_noise() -> None:
-    from foretoken.core.cost.fit import BusyChainFit, FitConfig
+    from foretoken.core.cost.busy_fit import BusyChainFit
+    from foretoken.core.cost.fit import FitConfig
 
     rng = np.random.default_rng(7)
     a, b = 3.0e-5, 3.7e-11
@@ -535,7 +536,8 @@ def test_busy_chain_fit_takes_out_the_steps_at_the_step_cost_it_is_asked_with() 
     """Samples keep their raw time and steps: the same window answers for the step cost
     current when asked (the first samples come while it is the default), and a sample
     the steps dominate (prefill below busy_min_share of its time) does not answer."""
-    from foretoken.core.cost.fit import BusyChainFit, FitConfig
+    from foretoken.core.cost.busy_fit import BusyChainFit
+    from foretoken.core.cost.fit import FitConfig
 
     a, b, overhead = 2.0e-5, 3.7e-11, 0.003  # the engine's
     fit = BusyChainFit(FitConfig(busy_min_share=0.5, busy_min_tokens=0), b=b)
@@ -556,7 +558,8 @@ def test_busy_chain_fit_takes_out_the_steps_at_the_step_cost_it_is_asked_with() 
 def test_a_busy_chain_fit_answers_once_its_samples_hold_enough_new_tokens() -> None:
     """One step of a 34-token prompt is nearly all overhead: taken out at a step cost a
     little off, what is left says nothing of ``a``. The fit waits for ``busy_min_tokens``."""
-    from foretoken.core.cost.fit import BusyChainFit, FitConfig
+    from foretoken.core.cost.busy_fit import BusyChainFit
+    from foretoken.core.cost.fit import FitConfig
 
     a, b, overhead = 3.3e-5, 3.7e-11, 0.013
     fit = BusyChainFit(FitConfig(busy_min_tokens=512), b=b)
@@ -571,7 +574,7 @@ def test_a_busy_sample_after_a_busy_chain_feeds_the_chain_fit_in_its_regressors(
     """A serial engine's busy samples (prompt, cached, seconds) land in the busy-chain fit a
     graded cold sample may have started: as a chain of one prompt, u = N − K, v = N² − K²
     (not N and K in place of u and v)."""
-    from foretoken.core.cost.fit import BusyChainFit
+    from foretoken.core.cost.busy_fit import BusyChainFit
 
     a, b = 3.0e-5, 3.7e-11  # b: the busy fit's fixed reference value
     registry = FitRegistry()
@@ -587,3 +590,28 @@ def test_a_busy_sample_after_a_busy_chain_feeds_the_chain_fit_in_its_regressors(
     assert fits is not None and isinstance(fits.busy, BusyChainFit)
     assert fits.busy.samples == 5
     assert registry.curve(W1).a == pytest.approx(a, rel=0.02)
+
+
+def test_a_busy_chain_fit_learns_b_from_exact_samples_that_span_long_prompts() -> None:
+    """Exact samples (a prompt alone from a known start) up to 64k tokens determine b;
+    busy chains, or exact samples of 0.7k-1.4k tokens whose step overhead was taken out
+    wrong, leave it at the reference (they would read a step error as a quadratic)."""
+    from foretoken.core.cost.busy_fit import BusyChainFit
+    from foretoken.core.cost.fit import REFERENCE_B_S_PER_TOKEN2, FitConfig
+
+    a, b = 5e-5, 2e-10  # a long-context engine: b 5x the reference
+    sizes = [2000, 4000, 8000, 16_000, 24_000, 32_000, 48_000, 64_000]
+    for exact, expected_b in ((True, b), (False, REFERENCE_B_S_PER_TOKEN2)):
+        fit = BusyChainFit(FitConfig())
+        for i, n in enumerate(sizes):
+            noise = 1.0 + (0.02 if i % 2 else -0.02)
+            assert fit.observe_uv(n, n * n, (a * n + b * n * n) * noise, float(i), exact=exact)
+        curve = fit.curve_with(0.0, 0.0)
+        assert curve.b == pytest.approx(expected_b, rel=0.1)
+        if exact:
+            assert curve.a == pytest.approx(a, rel=0.1)
+    short = BusyChainFit(FitConfig())
+    for i, n in enumerate([700, 800, 900, 1000, 1100, 1200, 1300, 1400]):
+        step_error = 0.004  # one step's overhead, taken out 4 ms too long
+        assert short.observe_uv(n, n * n, a * n - step_error, float(i), steps=1, exact=True)
+    assert short.curve_with(0.0, 0.0).b == REFERENCE_B_S_PER_TOKEN2
