@@ -61,6 +61,11 @@ class BusyChainFit(OnlinePrefillFit):
         self._exact[slot] = exact
         return u > 0 and v >= 0 and self._add(float(u), seconds, ts, float(v))
 
+    @property
+    def exact_samples(self) -> int:
+        """Samples in the window known exactly (the ones ``b`` is learned from)."""
+        return int(np.count_nonzero(self._exact[: self.samples]))
+
     def _ready(self) -> bool:
         return self.samples >= self.config.busy_min_samples
 

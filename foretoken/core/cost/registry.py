@@ -391,6 +391,8 @@ class FitRegistry:
             row: dict[str, object] = {"worker_id": worker, "config_hash": config_hash}
             row |= {"current": current, "observed": fits.prefill.observed}
             row |= {"source": fits.source, "busy_observed": fits.busy.observed if fits.busy else 0}
+            busy = fits.busy
+            row["busy_exact"] = busy.exact_samples if isinstance(busy, BusyChainFit) else 0
             row |= {name: getattr(curve, name) for name in _CURVE_COLUMNS}
             row |= {name: getattr(step, name) for name in _STEP_COLUMNS}
             row |= {"step_samples": step.samples, "step_default": step.default}

@@ -607,6 +607,7 @@ def test_a_busy_chain_fit_learns_b_from_exact_samples_that_span_long_prompts() -
             noise = 1.0 + (0.02 if i % 2 else -0.02)
             assert fit.observe_uv(n, n * n, (a * n + b * n * n) * noise, float(i), exact=exact)
         curve = fit.curve_with(0.0, 0.0)
+        assert fit.exact_samples == (len(sizes) if exact else 0)  # /v1/fits: busy_exact
         assert curve.b == pytest.approx(expected_b, rel=0.1)
         if exact:
             assert curve.a == pytest.approx(a, rel=0.1)
