@@ -62,8 +62,10 @@ PORTED = {
     "new_request": frozenset({"prompt_tokens", "cached_tokens", "output_tokens"}),
     "stretch": frozenset({"start_s", "steps", "per_step_s", "chunks", "budget_left", "running",
                           "waiting", "kv_used"}),
-    "seq": frozenset({"blocks", "computed", "end", "expected", "first", "key", "left", "order",
-                      "seen", "where"}),
+    # done_s (when the estimate finished a prefill) is read by the hand-over here, in
+    # Python (record_estimate): the crate's replay takes the result, not the field.
+    "seq": frozenset({"blocks", "computed", "done_s", "end", "expected", "first", "key", "left",
+                      "order", "seen", "where"}),
     "scheduler": frozenset(
         {"budget", "max_seqs", "chunked", "cap", "retire", "prefilling", "dec_orders",
          "dec_done", "dec_seqs", "waiting", "free_at_s", "steps", "next_order", "record",
@@ -98,8 +100,9 @@ def coefficients(cost: StepCost) -> tuple[float, float, float, float] | None:
 
 
 def record_estimate(
-    source: _Scheduler, settings: SchedulerSettings, now_s: float, cost: StepCost
-) -> NativeFuture | None:
+    source: _Scheduler, settings: SchedulerSettings, now_s: float, cost: StepCost,
+    lag_s: float = 0.0,
+) -> NativeFuture | None:  # fmt: skip
     """The recorded future of an in-flight estimate's scheduler (``source``, ``retire=False``),
     replayed natively; None when the native walk does not model ``cost`` (or the queue
     model), and the caller replays it in Python.
@@ -108,7 +111,8 @@ def record_estimate(
     without a first token keeps its last chunk and all its output; decoders whose first
     token was not seen yet prefill again (the estimate ran ahead of the engine); decoders
     that outlived their estimate have one token left; every sequence keeps its KV blocks,
-    and the running ones' are reserved."""
+    and the running ones' are reserved. ``lag_s``: a decoder whose prefill the estimate
+    finishes after ``now_s − lag_s`` counts as seen (its first token due, or on its way)."""
     quadratic = coefficients(cost)
     if quadratic is None:
         return None
@@ -116,10 +120,10 @@ def record_estimate(
     prefilling = [(min(s.computed, s.end - min_chunk(s)), s.end, s.expected, s.order, s.blocks)
                   for s in source.prefilling]  # fmt: skip
     orders, done, decs = source.dec_orders, source.dec_done, source.dec_seqs
-    seen = [s.seen for s in decs]
+    seen = [s.seen or now_s < s.done_s + lag_s for s in decs]
     if not all(seen):
         prefilling += [(min(s.computed, s.end - min_chunk(s)), s.end, s.expected, s.order,
-                        s.blocks) for s in decs if not s.seen]  # fmt: skip
+                        s.blocks) for s, k in zip(decs, seen, strict=True) if not k]  # fmt: skip
         prefilling.sort(key=_ORDER)
         orders, done = list(compress(orders, seen)), list(compress(done, seen))
         decs = list(compress(decs, seen))

@@ -208,7 +208,8 @@ class _Seq:
     """A sequence inside a replay (mutable; compared by identity)."""
 
     __slots__ = (
-        "blocks", "computed", "end", "expected", "first", "key", "left", "order", "seen", "where",
+        "blocks", "computed", "done_s", "end", "expected", "first", "key", "left", "order", "seen",
+        "where",
     )  # fmt: skip
 
     def __init__(self, first: int, computed: int, end: int, left: int, key: object = None) -> None:
@@ -222,6 +223,7 @@ class _Seq:
         self.order = -1  # admission order once running
         self.where = _WAITING
         self.blocks = 0  # KV blocks reserved while running (with a KvModel)
+        self.done_s = math.inf  # when the simulation finished its prefill
 
 
 class _Scheduler:
@@ -443,6 +445,7 @@ class _Scheduler:
                     self._first_token(seq)
 
     def _first_token(self, seq: _Seq) -> None:
+        seq.done_s = self.free_at_s
         seq.left -= 1
         if self.retire and seq.left <= 0:
             seq.where = _GONE

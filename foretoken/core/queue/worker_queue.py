@@ -114,6 +114,15 @@ class WorkerQueue:
         self._last_cost: StepCost | None = None
 
     @property
+    def lag_s(self) -> float:
+        """How late first tokens reach the route service (see ``InFlightEstimate.lag_s``)."""
+        return self._estimate.lag_s
+
+    @lag_s.setter
+    def lag_s(self, value: float) -> None:
+        self._estimate.lag_s = value
+
+    @property
     def settings(self) -> SchedulerSettings:
         return self._settings
 
@@ -199,7 +208,7 @@ class WorkerQueue:
     def estimate(self, now_s: float, cost: StepCost) -> QueueState:
         """The engine's queue at ``now_s`` as a replay starts from it."""
         self._catch_up(now_s, cost)
-        return self._estimate.state()
+        return self._estimate.state(now_s)
 
     def predict(self, new_request: NewRequest, now_s: float, cost: StepCost) -> QueuePrediction:
         """TTFT of ``new_request`` sent here at ``now_s`` (see ``simulate_until_first_token``)."""
@@ -391,7 +400,9 @@ class WorkerQueue:
     def _rebuild(self) -> None:
         """Start the estimate afresh: replay every outstanding request from its send time,
         with the first tokens seen."""
+        lag_s = self._estimate.lag_s
         self._estimate = InFlightEstimate(self._settings, self._kv)
+        self._estimate.lag_s = lag_s
         self._pending = []
         for entry in sorted(self._requests.values(), key=lambda e: e.sent_at_s):
             self._push(entry.sent_at_s, _ARRIVE, entry)

@@ -51,6 +51,9 @@ class PredictorConfig:
     # minimise the sum of TTFTs; a promise kept is worth more than a new request's own
     # speed: 4 (1, 2, 4, 8 measured, docs/BENCHMARKS.md).
     placement_delay_weight: float = 4.0
+    # A prefill the queue model finished less than the first tokens' lateness ago (their
+    # 90th percentile, at most this) is taken as done: its first token is on its way.
+    max_first_token_lag_s: float = 0.25
     # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
     model_kv_capacity: bool = True
     # Decode samples less the prefill of prompts whose first token came during the

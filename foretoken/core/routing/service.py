@@ -20,7 +20,7 @@ pipeline observes — never a simulator's truth.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 import msgspec
@@ -46,6 +46,10 @@ from foretoken.core.types import (
     WorkerId,
     WorkerProfile,
 )
+
+# First tokens' lateness: a window of this many, its percentile taken every LAG_EVERY.
+LAG_WINDOW = 64
+LAG_EVERY = 16
 
 
 class RouteService:
@@ -76,6 +80,11 @@ class RouteService:
         # Admitted decisions whose grant has not come back on `grants` yet: (worker, when).
         self.unconfirmed: OrderedDict[RequestId, tuple[WorkerId, float]] = OrderedDict()
         self.unconfirmed_expired = 0
+        # How late first tokens reach this service (now − their ts), the last LAG_WINDOW:
+        # the queue models take a prefill finished less than that ago as done.
+        self.lags: deque[float] = deque(maxlen=LAG_WINDOW)
+        self.lags_noted = 0
+        self.lag_s = 0.0
 
     # ------------------------------------------------------------------ observations
 
@@ -134,6 +143,8 @@ class RouteService:
         if self.controls is not None:
             self.controls.observe_outcome(outcome, now_s)
         scale = self.predictions.wait_scale
+        if outcome.kind == "first_token":
+            self._note_lag(now_s - outcome.ts)
         if outcome.kind == "first_token" and outcome.actual_ttft_s is not None:
             self._residual(outcome, outcome.actual_ttft_s)
             if scale is not None and outcome.status == "ok":
@@ -150,6 +161,18 @@ class RouteService:
             if scale is not None:
                 scale.forget(outcome.request_id)
         self.learner.on_outcome(outcome, now_s)
+
+    def _note_lag(self, lag_s: float) -> None:
+        """One more first token's lateness; every LAG_EVERY of them the queue models take
+        the window's 90th percentile (at most ``max_first_token_lag_s``) as their grace."""
+        self.lags.append(min(max(lag_s, 0.0), self.config.max_first_token_lag_s))
+        self.lags_noted += 1
+        if self.lags_noted % LAG_EVERY:
+            return
+        ordered = sorted(self.lags)
+        self.lag_s = ordered[int(0.9 * (len(ordered) - 1))]
+        for queue in self.book.queues.values():
+            queue.lag_s = self.lag_s
 
     def _residual(self, outcome: RequestOutcome, actual_s: float) -> None:
         """A first token of a request decided here: its residual for the quantiles now."""

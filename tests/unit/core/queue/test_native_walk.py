@@ -140,16 +140,18 @@ def test_the_native_walk_of_python_stretches_equals_the_python_walk(
 
 
 @PROPERTY
-@given(settings_st, quadratic_st, st.integers(0, 2**32), news_st, kv_st)
+@given(settings_st, quadratic_st, st.integers(0, 2**32), news_st, kv_st,
+       st.sampled_from([0.0, 0.005, 0.05, 1.0]))  # fmt: skip
 def test_an_in_flight_estimate_records_the_same_future_either_way(
-    settings_, q, seed, news, kv
+    settings_, q, seed, news, kv, lag_s
 ) -> None:
     """The estimate's own hand-over (arrivals, first tokens before and after the estimate
-    got there, removals, time passing, KV blocks) gives the native replay what the Python
-    one gets."""
+    got there, removals, time passing, KV blocks, the first tokens' grace ``lag_s``) gives
+    the native replay what the Python one gets."""
     reference, marked = costs(q)
     rng = random.Random(seed)
     estimate = InFlightEstimate(settings_, kv)
+    estimate.lag_s = lag_s
     now = NOW
     keys: list[int] = []
     for step in range(rng.randint(1, 12)):
@@ -163,7 +165,7 @@ def test_an_in_flight_estimate_records_the_same_future_either_way(
             estimate.first_token(rng.choice(keys), now)
         else:
             estimate.remove(keys.pop(rng.randrange(len(keys))))
-    scheduler, tokens_ahead = estimate._replay_copy()
+    scheduler, tokens_ahead = estimate._replay_copy(now)
     python = Future.record(scheduler, settings_, now, reference, tokens_ahead)
     native = estimate.future(now, marked)
     assert isinstance(native, NativeFuture)

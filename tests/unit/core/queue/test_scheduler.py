@@ -291,6 +291,29 @@ def test_in_flight_prefill_is_estimated_from_the_send_time() -> None:
     assert result.queue_tokens_ahead == 500
 
 
+def test_a_prefill_done_less_than_the_first_tokens_lag_ago_is_taken_as_done() -> None:
+    """On an engine that prefills whole prompts, "one chunk left" is the whole prompt: a
+    request queued behind one whose first token is merely on its way (outcomes reach the
+    route service some milliseconds late) would wait for it twice. Within ``lag_s`` of the
+    estimate finishing it, it counts as done; past that, the engine is slower than the
+    estimate and it keeps its chunk."""
+    whole = sched(budget=4096, chunked=False)
+    queue = WorkerQueue(whole)
+    queue.add(rid("a"), NOW, 2000, 0, 1)  # one step: done at NOW + OVERHEAD + C(2000)
+    done = NOW + OVERHEAD + curve(2000)
+    alone = queue.predict(NewRequest(100, 0, 1), done + 0.05, COST).ttft_s
+    assert queue.estimate(done + 0.05, COST).running[0].prefill_tokens_left == 2000
+    queue.lag_s = 0.1
+    within = queue.predict(NewRequest(100, 0, 1), done + 0.05, COST).ttft_s
+    assert within < alone - curve(2000) * 0.9  # a's prompt is not prefilled again
+    past = queue.predict(NewRequest(100, 0, 1), done + 0.2, COST).ttft_s
+    graceless = WorkerQueue(whole)
+    graceless.add(rid("a"), NOW, 2000, 0, 1)
+    expected = graceless.predict(NewRequest(100, 0, 1), done + 0.2, COST).ttft_s
+    assert past == pytest.approx(expected, rel=1e-9)  # the grace ran out: the chunk is back
+    assert past > within + curve(2000) * 0.9
+
+
 def test_an_unconfirmed_prefill_keeps_one_chunk() -> None:
     # long after the estimate has a (1000 tokens) done, no first token was seen: it is
     # shown with one chunk left (100 tokens at budget 100; 40 with threshold 40).
@@ -565,7 +588,7 @@ def test_the_estimate_predicts_as_a_replay_of_its_state(settings_, requests, at,
     for i, (*_, seen) in enumerate(requests):
         if seen:
             estimate.first_token(i, now_s)
-    state = estimate.state()
+    state = estimate.state(now_s)
     direct = estimate.predict(new, now_s, COST)
     replayed = simulate_until_first_token(settings_, state, new, now_s, COST)
     assert (direct.steps, direct.queue_tokens_ahead) == (
