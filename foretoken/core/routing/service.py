@@ -81,7 +81,7 @@ class RouteService:
         self.unconfirmed: OrderedDict[RequestId, tuple[WorkerId, float]] = OrderedDict()
         self.unconfirmed_expired = 0
         # How late first tokens reach this service (now − their ts), the last LAG_WINDOW:
-        # the queue models take a prefill finished less than that ago as done.
+        # a prefill whose last step ended less than that ago still counts as done.
         self.lags: deque[float] = deque(maxlen=LAG_WINDOW)
         self.lags_noted = 0
         self.lag_s = 0.0
@@ -97,6 +97,9 @@ class RouteService:
             self.predictions.sent.forget_worker(profile.worker_id)
         self.fits.apply_registration(profile)
         self.book.apply(profile)
+        queue = self.book.queues.get(profile.worker_id)
+        if queue is not None:  # a new worker's queue model starts with the lag measured
+            queue.lag_s = self.lag_s
 
     def on_grant(self, grant: RouteDecision, now_s: float) -> None:
         """A decision made elsewhere (another replica, the router's fallback) or our own,
