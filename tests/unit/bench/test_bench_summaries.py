@@ -68,3 +68,11 @@ def test_the_route_summary_says_500_per_second_only_when_sustained() -> None:
     assert lost["p99_ms_at_500_rps"] is None and lost["max_sustained_rps"] is None
     slow = route_bench.summarize(_route_result(_step(500, 250.0, 500.0)))
     assert slow["p99_ms_at_500_rps"] is None
+
+
+def test_the_index_bench_runs_its_measurements_by_name_in_a_subprocess() -> None:
+    """``bench index`` runs ingest and memory in fresh processes by calling them by name on
+    ``index_bench``: a move of one of them to another module broke the whole bench."""
+    for call in ("bench_ingest('native', 2000)", "measure_memory('native', 2000)"):
+        result = index_bench._in_subprocess(call)
+        assert isinstance(result, dict) and result
