@@ -306,4 +306,7 @@ class InFlightEstimate:
         scheduler.kv_used += sum(s.blocks for s in scheduler.dec_seqs)
         tokens_ahead = sum(s.end - s.computed for s in prefilling)
         tokens_ahead += sum(s.end - s.computed for s in scheduler.waiting)
+        # a prefill whose last step is still under way: its last chunk is being computed
+        tokens_ahead += sum(source.min_chunk(s) for s in source.dec_seqs
+                            if not s.seen and now_s < s.done_s)  # fmt: skip
         return scheduler, tokens_ahead

@@ -133,6 +133,8 @@ def record_estimate(
     blocks = [s.blocks for s in decs]
     waiting = [(s.computed, s.end, s.expected, s.blocks) for s in source.waiting]
     tokens_ahead = sum(p[1] - p[0] for p in prefilling) + sum(w[1] - w[0] for w in waiting)
+    # a prefill whose last step is still under way: its last chunk is being computed
+    tokens_ahead += sum(min_chunk(s) for s in source.dec_seqs if not s.seen and now_s < s.done_s)
     kv_used = sum(p[4] for p in prefilling) + sum(blocks)
     try:
         return NativeFuture.record(
