@@ -38,9 +38,10 @@ class BusyChainFit(OnlinePrefillFit):
     """The prefill curve from busy chains (:mod:`foretoken.core.cost.busy_chains`): each
     sample is the regressors ``u = Σ(N − K)``, ``v = Σ(N² − K²)`` of several prompts, the
     seconds the engine took over them and how many steps (with how many requests decoding)
-    those held. ``b`` is fixed (the reference deployment's), ``a`` is the decayed weighted
-    median of ``(seconds − steps·step − b·v) / u``: robust to the heavy two-sided noise of
-    such samples, and needing no spread of N. The steps are taken out with the step cost
+    those held. ``a`` is the decayed weighted median of ``(seconds − steps·step − b·v) / u``:
+    robust to the heavy two-sided noise of such samples, and needing no spread of N; ``b``
+    is the reference deployment's until the exact samples determine it (:meth:`_joint`,
+    then ``a`` and ``b`` come from them together). The steps are taken out with the step cost
     the curve is asked with (:meth:`curve_with`, the one the queue walk adds to it), so the
     first samples, taken while the step cost was still the default, are corrected once it
     is learned; a sample whose prefill is below ``busy_min_share`` of its time then does
