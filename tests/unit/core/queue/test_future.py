@@ -17,13 +17,11 @@ from foretoken.core.queue.scheduler import (
     projected_drain_s,
     simulate_until_first_token,
 )
-from tests.unit.core.queue.test_scheduler import (
-    COST,
-    NOW,
+from tests.unit.core.queue.test_scheduler import COST, NOW, sched
+from tests.unit.core.queue.test_scheduler_properties import (
     PROPERTY,
     cost_st,
     new_st,
-    sched,
     settings_st,
     state_st,
 )

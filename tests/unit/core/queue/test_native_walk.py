@@ -35,7 +35,8 @@ from foretoken.core.queue.scheduler import (
 from foretoken.core.queue.worker_queue import WorkerQueue
 from foretoken.core.routing.predict import _quadratic, _step_cost
 from foretoken.core.types import RequestId, SchedulerSettings
-from tests.unit.core.queue.test_scheduler import NOW, PROPERTY, sched, settings_st, state_st
+from tests.unit.core.queue.test_scheduler import NOW, sched
+from tests.unit.core.queue.test_scheduler_properties import PROPERTY, settings_st, state_st
 
 pytestmark = pytest.mark.skipif(
     not native_walk.MODELED, reason="the native walk is off (see the module docstring)"
