@@ -280,16 +280,16 @@ impl Worker {
         let (word, bit) = (self.word(), self.bit());
         let n = hashes.len();
         for &engine in &hashes[..n.min(AHEAD)] {
-            self.emap.prefetch(engine);
+            self.emap.prefetch_run(engine);
         }
         for &own in &owns[..n.min(AHEAD)] {
-            space.words[word][tier].prefetch(own);
+            space.words[word][tier].prefetch_run(own);
         }
         // Pass 1 (the reference's setdefault pass), then the re-mapped engine hashes.
         let mut remaps: Vec<(usize, u64)> = Vec::new();
         for (i, (&engine, &own)) in hashes.iter().zip(owns).enumerate() {
             if let Some(&ahead) = hashes.get(i + AHEAD) {
-                self.emap.prefetch(ahead);
+                self.emap.prefetch_run(ahead);
             }
             let (inserted, old) = self.emap.get_or_insert(engine, own);
             if !inserted && *old != own {
@@ -308,7 +308,7 @@ impl Worker {
         let table = &mut space.words[word][tier];
         for (i, &own) in owns.iter().enumerate() {
             if let Some(&ahead) = owns.get(i + AHEAD) {
-                table.prefetch(ahead);
+                table.prefetch_run(ahead);
             }
             let (inserted, mask) = table.get_or_insert(own, bit);
             if inserted {
