@@ -15,6 +15,7 @@ import math
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 
 from foretoken.core.cost.fit import (
     REFERENCE_B_S_PER_TOKEN2,
@@ -103,7 +104,7 @@ class BusyChainFit(OnlinePrefillFit):
                 a, b = joint
             else:
                 ratio = (prefill[keep] - self._b * v[keep]) / u[keep]
-                a, b = _weighted_median(ratio, decay), self._b
+                a, b = _weighted_median(ratio, decay * self._precision(keep)), self._b
             if a > 0:
                 self._version += 1
                 curve = PrefillCurve(a, b, kept, self._version, False)
@@ -111,6 +112,19 @@ class BusyChainFit(OnlinePrefillFit):
                 curve = PrefillCurve(*self._default, kept, 0, True)
         self._cache = (key, curve)
         return curve
+
+    def _precision(self, keep: npt.NDArray[np.bool_]) -> FloatArray:
+        """Each kept sample's weight in the median: the square root of its prompt tokens per
+        step. A chain's ratio errs by what its steps were mis-costed (the step overhead and
+        decode costs taken out) spread over its tokens, so a one-step prompt of a few hundred
+        tokens is mostly step-cost error: on a worker never idle (held-out `azure-conv` on
+        `random-4`) three such prompts read a = 3.1e-5-1.0e-4 s/token and, counted like the
+        54k-token chain over 7 steps that read the true 1.7e-5, set the median. Not the
+        tokens per step themselves: long chains carry their own error (time the queue
+        model did not see), and the root keeps several of them needed to outvote the rest
+        (docs/BENCHMARKS.md, "Busy chains weighted by tokens per step")."""
+        n = self.samples
+        return np.sqrt(self._x[:n][keep] / np.maximum(self._steps[:n][keep], 1.0))
 
     def _joint(self, u: FloatArray, v: FloatArray, prefill: FloatArray,
                decay: FloatArray) -> tuple[float, float] | None:  # fmt: skip

@@ -52,6 +52,24 @@ def test_busy_chain_fit_takes_out_the_steps_at_the_step_cost_it_is_asked_with() 
     assert fit.curve_with(0.015, 0.0) is high  # cached until a sample or the step cost changes
 
 
+def test_a_long_chain_outweighs_short_prompts_read_at_a_step_cost_a_little_off() -> None:
+    """Three one-step 400-token prompts, their step overhead taken out 3.7 ms short, read
+    a 50% too high; one 54k-token chain over 7 steps reads it within 2%. Counted alike, the
+    short ones would set the median; weighted by the root of their tokens per step, the
+    chain does."""
+    from foretoken.core.cost.busy_fit import BusyChainFit
+    from foretoken.core.cost.fit import FitConfig
+
+    a, b, overhead, learned = 1.7e-5, 3.7e-11, 0.0166, 0.0129
+    fit = BusyChainFit(FitConfig(), b=b)
+    for i, n in enumerate((394, 369, 420)):
+        assert fit.observe_uv(n, n * n, overhead + a * n + b * n * n, float(i), steps=1)
+    chunks = [7_714] * 7
+    u, v = float(sum(chunks)), float(sum(c * c for c in chunks))
+    assert fit.observe_uv(u, v, 7 * overhead + a * u + b * v, 3.0, steps=7)
+    assert fit.curve_with(learned, 0.0).a == pytest.approx(a, rel=0.05)
+
+
 def test_a_busy_chain_fit_answers_once_its_samples_hold_enough_new_tokens() -> None:
     """One step of a 34-token prompt is nearly all overhead: taken out at a step cost a
     little off, what is left says nothing of ``a``. The fit waits for ``busy_min_tokens``."""
