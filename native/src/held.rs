@@ -13,6 +13,9 @@ use std::collections::HashMap;
 
 use crate::flat::FlatMap;
 
+/// Blocks between a prefetch and its use.
+const AHEAD: usize = 8;
+
 #[derive(Debug, Default)]
 pub struct HeldChains {
     workers: HashMap<String, FlatMap>,
@@ -32,7 +35,15 @@ impl HeldChains {
             Some(map) => map,
             None => self.workers.entry(worker.to_owned()).or_default(),
         };
-        for &h in hashes {
+        // a prompt's blocks are spread over a table larger than the caches: load each
+        // block's lines AHEAD blocks before it is counted (as the index's ingest does)
+        for &h in &hashes[..hashes.len().min(AHEAD)] {
+            map.prefetch_run(h);
+        }
+        for (i, &h) in hashes.iter().enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                map.prefetch_run(ahead);
+            }
             *map.get_or_insert(h, 0).1 += 1;
         }
     }
@@ -43,7 +54,13 @@ impl HeldChains {
         let Some(map) = self.workers.get_mut(worker) else {
             return;
         };
-        for &h in hashes {
+        for &h in &hashes[..hashes.len().min(AHEAD)] {
+            map.prefetch_run(h);
+        }
+        for (i, &h) in hashes.iter().enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                map.prefetch_run(ahead);
+            }
             map.update_or_remove(h, |c| c.saturating_sub(1));
         }
         if map.is_empty() {
