@@ -1,7 +1,8 @@
 //! foretoken's native hot path: the chained own content hash (spec v2, [`hash`]), the
 //! multi-tier prefix index ([`index::Index`]), a port of the Python reference
 //! (`PrefixIndex`) with the cross-tier rule ([`recent`]), and the queue's recorded future
-//! with the walk of a new request through it ([`queue`]). The PyO3 bindings live in `py`
+//! with the walk of a new request through it ([`queue`]), and the built-in tokenizer's
+//! ids of ASCII text ([`tokens`]). The PyO3 bindings live in `py`
 //! (feature `python`, on by default; maturin builds the module `foretoken_native`).
 
 // `unsafe` is denied everywhere but in `prefetch` and `py::args::u64_of`, whose one block each
@@ -20,6 +21,7 @@ pub mod snapshot;
 pub mod space;
 pub mod stats;
 pub mod table;
+pub mod tokens;
 pub mod walk;
 pub mod worker;
 

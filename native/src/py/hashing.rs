@@ -8,6 +8,7 @@ use pyo3::types::PyBytes;
 use super::args::{extract_keys, extract_tokens};
 use super::outputs::{u64_array, u64_bytes};
 use crate::hash;
+use crate::tokens;
 
 /// The chain's starting value for one (salt, model, block size, LoRA adapter), spec v2.
 #[pyfunction]
@@ -71,4 +72,28 @@ pub(super) fn chain_bytes<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let owns = chain_values(seed, token_ids, block_size, extra_keys, max_blocks)?;
     u64_bytes(py, &owns)
+}
+
+/// The built-in tokenizer's ids of ASCII `text` (bytes) as packed u32 little-endian, for a
+/// vocabulary of `vocab_size` ids; computed without the GIL, so a large prompt tokenized
+/// in a worker thread does not hold up the event loop.
+#[pyfunction]
+pub(super) fn sim_token_ids<'py>(
+    py: Python<'py>,
+    text: &[u8],
+    vocab_size: u32,
+) -> PyResult<Bound<'py, PyBytes>> {
+    if vocab_size <= tokens::RESERVED {
+        return Err(PyValueError::new_err(format!(
+            "vocab_size must be > {}",
+            tokens::RESERVED
+        )));
+    }
+    if !text.is_ascii() {
+        return Err(PyValueError::new_err("sim_token_ids takes ASCII text only"));
+    }
+    // `text` borrows an immutable `bytes` the caller holds for the whole call
+    let ids = py.detach(|| tokens::sim_token_ids(text, vocab_size));
+    let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    Ok(PyBytes::new(py, &bytes))
 }

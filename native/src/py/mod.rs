@@ -6,7 +6,7 @@
 //! is converted before the index changes, so a malformed batch raises and changes nothing.
 //!
 //! By role: [`args`] converts the arguments, [`events`] parses KV events, [`outputs`]
-//! builds the results; [`hashing`] holds the hash functions, [`index`] the `NativeIndex`
+//! builds the results; [`hashing`] holds the hash functions (and the built-in tokenizer's), [`index`] the `NativeIndex`
 //! class, [`queue`] the `QueueFuture` class and [`held`] the `HeldChains` class.
 
 use pyo3::prelude::*;
@@ -31,6 +31,7 @@ fn foretoken_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::extra_key_mix, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::chain, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::chain_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(hashing::sim_token_ids, m)?)?;
     m.add_class::<index::NativeIndex>()?;
     m.add_class::<queue::QueueFuture>()?;
     m.add_class::<held::HeldChains>()?;

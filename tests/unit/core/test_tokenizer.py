@@ -33,6 +33,21 @@ def test_the_fast_path_gives_the_defined_ids(text: str) -> None:
     assert tok.encode_array(text).dtype == np.uint32
 
 
+ascii_texts = st.text(st.characters(max_codepoint=127), max_size=300) | st.text(
+    st.sampled_from(list(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x00\x7fab_Z9.,!")), max_size=300
+)
+
+
+@given(ascii_texts, st.sampled_from([17, 100, 32000, 2**31]))
+def test_the_native_split_and_the_bytes_pattern_give_the_defined_ids(text: str, vocab: int) -> None:
+    native, reference = SimTokenizer(vocab), SimTokenizer(vocab, native=False)
+    assert native._native is not None  # the crate is built: ASCII text goes through it
+    want = by_definition(text, vocab)
+    assert native.encode(text) == want
+    assert reference.encode(text) == want
+    assert native.encode_array(text).dtype == np.uint32
+
+
 @given(texts, st.integers(1, 50))
 def test_slices_concatenate_to_the_whole(text: str, size: int) -> None:
     tok = SimTokenizer()
