@@ -204,3 +204,89 @@ def test_bad_route_bodies_are_4xx_naming_the_field(
 ) -> None:
     got, answer = post(f"{stack.worker.url}/v1/route", body, {"x-foretoken-route-token": TOKEN})
     assert got == status and answer["error"]["param"] == param, answer
+
+
+def raw_post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+    """A POST whose header values are sent byte for byte (latin-1: '\\xff' is the byte 0xff,
+    invalid UTF-8), which urllib.request would not do."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json", **headers})
+        resp = conn.getresponse()
+        data = resp.read()
+        try:
+            return resp.status, json.loads(data)
+        except ValueError:  # aiohttp's parser refused the head itself (plain text)
+            return resp.status, data
+    finally:
+        conn.close()
+
+
+def test_ids_that_are_not_text_are_400_and_the_router_keeps_publishing(stack: Stack) -> None:
+    """An x-request-id of invalid UTF-8 once reached Kafka's encoder in the publisher task
+    (500 with the route service up; with the router deciding alone the task died, and every
+    later grant and outcome was lost)."""
+    body = json.dumps({"model": MODEL, "prompt": "hello there", "max_tokens": 2}).encode()
+    for name in ("x-request-id", "x-conversation-id"):
+        status, answer = raw_post(stack.router_url, "/v1/completions", body, {name: "\xff\xfe"})
+        assert status == 400 and answer["error"]["param"] == name, answer
+        status, _ = raw_post(stack.router_url, "/v1/completions", body, {name: "ok\x01id"})
+        assert status == 400  # (aiohttp's parser refuses a control character in a head)
+    before = get_json(f"{stack.router_url}/healthz")["published"]
+    assert complete(stack, 9000) == 200
+    deadline = time.monotonic() + 30
+    while get_json(f"{stack.router_url}/healthz")["published"] <= before:
+        assert time.monotonic() < deadline, "the router stopped publishing"
+        time.sleep(0.2)
+
+
+def test_a_request_id_reused_for_another_prompt_is_409_not_the_old_decision(stack: Stack) -> None:
+    """The route service answered a known request id with its first decision whatever the
+    new request was: another prompt (past admission) went to the first one's worker."""
+    rid = {"x-request-id": f"reused-{time.time_ns()}"}
+    assert complete(stack, 9100, rid) == 200
+    assert complete(stack, 9100, rid) == 200  # the same request again: the same decision
+    status, answer = post(
+        f"{stack.router_url}/v1/completions",
+        json.dumps({"model": MODEL, "prompt": "another prompt " * 300, "max_tokens": 2}).encode(),
+        rid,
+    )
+    assert status == 409 and answer["error"]["code"] == "request_id_reused", answer
+    route = {"x-foretoken-route-token": TOKEN}
+    first = json.dumps({"request_id": "r409", "model": MODEL, "prompt_tokens": 5}).encode()
+    assert post(f"{stack.worker.url}/v1/route", first, route)[0] == 200
+    other = json.dumps({"request_id": "r409", "model": MODEL, "prompt_tokens": 2000}).encode()
+    status, answer = post(f"{stack.worker.url}/v1/route", other, route)
+    assert status == 409 and answer["error"]["param"] == "request_id", answer
+
+
+def test_compressed_bodies_and_unknown_paths_get_json_errors(stack: Stack) -> None:
+    """A gzip body was inflated before the handler ran (a 4 MB bomb: 10 s of the event
+    loop) and a corrupt one was a 500; aiohttp's own 404/405 were plain text."""
+    bomb = b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + b"junk" * 100
+    gz = {"Content-Encoding": "gzip"}
+    status, answer = raw_post(stack.router_url, "/v1/completions", bomb, gz)
+    assert status == 415 and "uncompressed" in answer["error"]["message"], answer
+    status, answer = raw_post(stack.worker.url, "/v1/route", bomb,
+                              {**gz, "x-foretoken-route-token": TOKEN})  # fmt: skip
+    assert status == 415, answer
+    status, answer = post(f"{stack.router_url}/v1/embeddings", b"{}")
+    assert status == 404 and "no such endpoint" in answer["error"]["message"], answer
+    status, answer = post(f"{stack.router_url}/v1/messages/nope", b"{}")
+    assert status == 404 and answer["type"] == "error", answer  # the Anthropic shape there
+    try:
+        urllib.request.urlopen(f"{stack.router_url}/v1/models/org/name", timeout=10)
+        raise AssertionError("an unknown model with a slash was found")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404 and json.loads(exc.read())["error"]["code"] == "model_not_found"
+    req = urllib.request.Request(f"{stack.router_url}/v1/chat/completions", method="GET")
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("GET on a POST endpoint answered")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 405 and "POST" in (exc.headers.get("Allow") or "")
+        assert json.loads(exc.read())["error"]["type"] == "invalid_request_error"

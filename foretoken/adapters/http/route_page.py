@@ -20,8 +20,11 @@ from collections.abc import Mapping
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from foretoken.compose import ProcessorCore
+from foretoken.core.routing.service import RequestIdReused
 from foretoken.core.types import WorkerId
 from foretoken.settings import RouteSettings
 from foretoken.wire.records import WorkerRegistration
@@ -53,12 +56,16 @@ def authorized(headers: Mapping[str, str], cfg: RouteSettings) -> bool:
     if not cfg.token:
         return True
     sent = headers.get(TOKEN_HEADER, "")
-    return hmac.compare_digest(sent.encode(), cfg.token.encode())
+    return hmac.compare_digest(sent.encode(errors="surrogateescape"), cfg.token.encode())
 
 
 async def read_body(request: web.Request, cfg: RouteSettings) -> bytes:
     """The whole body within the limits, else :class:`RouteRequestError` (413 or 408)."""
     limit = cfg.body_limit
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise RouteRequestError(f"the body must be uncompressed (Content-Encoding: "
+                                f"{encoding[:32]!r})", None, 415)  # fmt: skip
     if request.content_length is not None and request.content_length > limit:
         raise RouteRequestError(f"the body ({request.content_length} bytes) exceeds the limit "
                                 f"of {limit} bytes", None, 413)  # fmt: skip
@@ -69,6 +76,8 @@ async def read_body(request: web.Request, cfg: RouteSettings) -> bytes:
     except TimeoutError as exc:
         raise RouteRequestError(f"the body did not arrive within {cfg.read_timeout_s} s",
                                 None, 408) from exc  # fmt: skip
+    except (RequestPayloadError, HttpProcessingError) as exc:  # a body that breaks its framing
+        raise RouteRequestError(f"the body could not be read: {exc}", None) from exc
 
 
 async def read_route_request(request: web.Request, cfg: RouteSettings) -> RouteRequest:
@@ -88,7 +97,10 @@ def answer_route(
     now_s: float,
 ) -> bytes:
     """The JSON answer to one decoded route request."""
-    decided = core.service.route(request.query(), now_s, now_s)
+    try:
+        decided = core.service.route(request.query(), now_s, now_s)
+    except RequestIdReused as exc:
+        raise RouteRequestError(str(exc), "request_id", 409) from exc
     url = None
     if decided.admitted and decided.worker_id is not None:
         reg = endpoints.get(decided.worker_id)

@@ -112,7 +112,11 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
             if not state.owns(route.model):
                 raw = msgspec.msgpack.encode(route)
                 return await self._forward(request, raw, state.owner_of(route.model))
-            return self.bytes(state.route(route), content_type=JSON)
+            try:
+                answer = state.route(route)
+            except RouteRequestError as exc:  # e.g. 409: the id names another request
+                return _error(self, exc)
+            return self.bytes(answer, content_type=JSON)
 
         async def _forward(self, request: Request, raw: bytes, owner: object) -> Response:
             url = getattr(owner, "url", None)

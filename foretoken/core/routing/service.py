@@ -52,6 +52,12 @@ LAG_WINDOW = 64
 LAG_EVERY = 16
 
 
+class RequestIdReused(ValueError):
+    """A route query whose request id names a decision made for another request (another
+    model or prompt length): answering it with that decision would place a different
+    prompt on the first one's worker, past its admission."""
+
+
 class RouteService:
     def __init__(
         self,
@@ -228,7 +234,12 @@ class RouteService:
 
     def route(self, query: RouteQuery, now_s: float, ts: float) -> RouteDecision:
         known = self.decisions.get(query.request_id)
-        if known is not None:
+        if known is not None:  # a retry of a request placed already: the same answer
+            if known.model != query.model or known.prompt_tokens != query.prompt_length:
+                raise RequestIdReused(
+                    f"request id {query.request_id!r} was decided for another request "
+                    f"({known.model}, {known.prompt_tokens} prompt tokens)"
+                )
             return known
         if self.controls is not None:
             self.controls.tick(now_s)

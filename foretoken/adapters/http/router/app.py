@@ -32,6 +32,8 @@ import aiohttp
 import msgspec
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
@@ -120,7 +122,7 @@ class RouterState:
         auth = request.headers.get("authorization") or ""
         if auth[:7].lower() == "bearer ":
             given = auth[7:].strip()
-        offered = given.encode()
+        offered = given.encode(errors="surrogateescape")  # a header's raw bytes, whatever
         return any(hmac.compare_digest(offered, key) for key in self.keys)
 
     def upstream_headers(self, request: web.Request, request_id: str,
@@ -128,8 +130,8 @@ class RouterState:
         out = {"Content-Type": "application/json"}
         for name in self.forward_headers:
             value = request.headers.get(name)
-            if value is not None:
-                out[name] = value
+            if value is not None and value.isprintable() and _utf8(value):
+                out[name] = value  # (bytes that are not text are not passed on)
         out.setdefault("x-request-id", request_id)
         if engine is not None and not engine.request_id_header:
             for name in [k for k in out if k.lower() == "x-request-id"]:
@@ -137,19 +139,33 @@ class RouterState:
         return out
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 # ---------------------------------------------------------------------- the request path
 
 
 async def read_body(request: web.Request, settings: Settings) -> bytes:
     cfg = settings.router
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise RequestError(f"request bodies are taken uncompressed (Content-Encoding: "
+                           f"{encoding[:32]!r})", status=415)  # fmt: skip
     if request.content_length is not None and request.content_length > cfg.max_body_bytes:
         raise RequestError(f"the body ({request.content_length} bytes) is over the limit of "
                            f"{cfg.max_body_bytes} (router.max_body_bytes)", status=413)  # fmt: skip
-    if request.content.is_eof():  # all of it came with the head: nothing to wait for
-        return await request.read()
     try:
+        if request.content.is_eof():  # all of it came with the head: nothing to wait for
+            return await request.read()
         async with asyncio.timeout(cfg.body_read_timeout_s):
             return await request.read()
+    except (RequestPayloadError, HttpProcessingError, ConnectionResetError) as exc:
+        raise RequestError(f"the body could not be read: {exc}") from exc
     except TimeoutError as exc:
         message = f"the body did not arrive within {cfg.body_read_timeout_s:g} s"
         raise RequestError(f"{message} (router.body_read_timeout_s)", status=408,
@@ -320,9 +336,9 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
         tokens = await tokens_of(state, d.body.model, d.text, d.token_ids,
                                  "messages" if chat else "prompt")  # fmt: skip
         p = await place(state, request, d.body, tokens, d.max_output_tokens)
+        routed = await route(state, p, False)
     except RequestError as exc:
         return refused(state, exc, False)
-    routed = await route(state, p, False)
     if isinstance(routed, web.Response):
         return routed
     grant, url = routed
@@ -368,9 +384,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
                                param="max_tokens")  # fmt: skip
         tokens = await tokens_of(state, body.model, text, None, "messages")
         p = await place(state, request, body, tokens, body.max_tokens)
+        routed = await route(state, p, True)
     except RequestError as exc:
         return refused(state, exc, True)
-    routed = await route(state, p, True)
     if isinstance(routed, web.Response):
         return routed
     grant, url = routed
@@ -444,7 +460,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({
         "status": "ok", "pid": os.getpid(), "kafka_connected": state.publisher.connected,
         "buffered": state.publisher.queue.qsize(), "dropped": state.publisher.dropped,
-        "published": state.publisher.published,
+        "published": state.publisher.published, "unencodable": state.publisher.unencodable,
         "missing_topics": state.publisher.missing_topics,
         "route_services": state.routing.client.describe(),
     })  # fmt: skip
@@ -469,7 +485,8 @@ def _tokenizer_paths(settings: Settings, engines: list[EngineConfig]) -> dict[st
 
 def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application:
     cfg = settings.router
-    app = web.Application(client_max_size=cfg.max_body_bytes)
+    app = web.Application(client_max_size=cfg.max_body_bytes,
+                          middlewares=[errors.json_http_errors])  # fmt: skip
     tokenizers = Tokenizers(_tokenizer_paths(settings, engines), cfg.tokenize_off_loop_chars)
     state = RouterState(settings, {e.worker_id: e for e in engines},
                         Publisher(settings, cfg.publish_buffer), tokenizers=tokenizers)  # fmt: skip
@@ -496,7 +513,7 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
         ("POST", "/v1/messages", messages),
         ("POST", "/v1/messages/count_tokens", count_tokens),
         ("GET", "/v1/models", models),
-        ("GET", "/v1/models/{model}", model),
+        ("GET", "/v1/models/{model:.+}", model),  # Hugging Face names hold a slash
         ("GET", "/health", health),
         ("GET", "/healthz", healthz),
         ("GET", "/metrics", metrics),
@@ -506,21 +523,50 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
     return app
 
 
+# The connections' settings. (aiohttp 3.14's run_app hands ``handler_args`` to each
+# connection's handler as one unknown keyword, which then drops them all, so the runner
+# is built here.) Idle keep-alive connections close after KEEPALIVE_S; the rest of a
+# refused body (413, 408) is drained for at most LINGER_S; bodies are never decompressed
+# (``read_body`` refuses a Content-Encoding: a 4 MB gzip body inflates to 4 GB).
+KEEPALIVE_S = 75.0
+LINGER_S = 1.0
+
+
+async def _serve_until_signal(app: web.Application, host: str, port: int,
+                              reuse_port: bool) -> None:  # fmt: skip
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S,
+                           lingering_time=LINGER_S, auto_decompress=False)  # fmt: skip
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
+        await stop.wait()
+    finally:
+        await runner.cleanup()  # the app's shutdown hooks: the publisher drains
+
+
 def _serve(settings: Settings, engines: list[EngineConfig], host: str, port: int,
            reuse_port: bool) -> None:  # fmt: skip
     import uvloop
 
-    # lingering_time: how long the rest of a refused body (413, 408) is drained before the
-    # connection closes
-    web.run_app(make_app(settings, engines), host=host, port=port, access_log=None, print=None,
-                reuse_port=reuse_port or None, loop=uvloop.new_event_loop(),
-                handler_args={"lingering_time": 1.0})  # fmt: skip
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(
+            _serve_until_signal(make_app(settings, engines), host, port, reuse_port)
+        )
+    finally:
+        loop.close()
 
 
 def run_router(settings: Settings, engines: list[EngineConfig], host: str, port: int) -> None:
     """Serve on ``host:port``; with ``router.processes`` > 1, that many processes share the
     port (SO_REUSEPORT: the kernel spreads connections) and this one waits for them."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(errors.ClientFaults())
     n = settings.router.processes
     if n == 1:
         _serve(settings, engines, host, port, reuse_port=False)

@@ -12,11 +12,15 @@ predicted TTFT against the client's bound, or the fleet's overload.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from foretoken.core.types import RejectReason
 from foretoken.wire.records import Grant
@@ -114,3 +118,40 @@ def rejection(grant: Grant, anthropic: bool) -> web.Response:
         return anthropic_error(status, message, grant.request_id, headers)
     code = "ttft_bound_exceeded" if grant.max_queue_wait_s is not None else str(grant.reject_reason)
     return openai_error(status, message, "rate_limit_exceeded", code, None, headers)
+
+
+@web.middleware
+async def json_http_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own answers (no such path, method not allowed, …) in the API's error
+    shape, as the handlers' are: a client's SDK parses every error body as JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        where = f"{request.method} {request.path[:200]}"
+        message = {404: f"no such endpoint: {where}",
+                   405: f"method not allowed: {where}"}.get(exc.status, exc.reason)  # fmt: skip
+        allow = exc.headers.get("Allow")
+        return error(request.path.startswith("/v1/messages"), exc.status, message,
+                     code="not_found" if exc.status == 404 else None,
+                     headers={"Allow": allow} if allow else None)  # fmt: skip
+
+
+class ClientFaults(logging.Filter):
+    """Drops the traceback aiohttp's server logs for what a client alone causes (a broken
+    request line or framing, a connection reset mid-body): one line says it instead, so
+    that a stranger's bytes cannot flood the log with stack traces."""
+
+    FAULTS = (HttpProcessingError, ConnectionResetError, RequestPayloadError)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, self.FAULTS):
+            record.msg, record.args = "a client's request failed: %s: %s", (type(exc).__name__, exc)
+            record.exc_info, record.exc_text, record.levelno = None, None, logging.INFO
+            record.levelname = "INFO"
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True

@@ -33,6 +33,8 @@ class Publisher:
         self.dropped = 0
         self.published = 0
         self.failed_sends = 0
+        # Records that could not be encoded (a bug upstream): dropped one by one, counted.
+        self.unencodable = 0
         self.connected = False
         # Topics this router writes that the broker does not have (checked on connect).
         self.missing_topics: list[str] = []
@@ -73,6 +75,8 @@ class Publisher:
                 await self._drain(producer)
             except KafkaError as exc:
                 log.warning("kafka unavailable (%s); buffering %d records", exc, self.queue.qsize())
+            except Exception:  # never let the drain task die: every later record would be lost
+                log.exception("the publisher failed; reconnecting")
             finally:
                 self.connected = False
                 with contextlib.suppress(Exception):
@@ -95,12 +99,17 @@ class Publisher:
         while True:
             logical, record = await self.queue.get()
             try:
-                await producer.send(
-                    self.settings.topic(logical),
-                    value=encode(record, fmt),
-                    key=record_key(logical, record),
-                    partition=self.partitioner.partition(logical, record),
-                )
+                value, key = encode(record, fmt), record_key(logical, record)
+                partition = self.partitioner.partition(logical, record)
+            except Exception as exc:  # a record that cannot be written: lose it, not the rest
+                self.unencodable += 1
+                self.queue.task_done()
+                log.error("dropped a %s record that cannot be encoded (%s: %s)", logical,
+                          type(exc).__name__, exc)  # fmt: skip
+                continue
+            try:
+                await producer.send(self.settings.topic(logical), value=value, key=key,
+                                    partition=partition)  # fmt: skip
                 self.published += 1
             except KafkaError:
                 self.failed_sends += 1

@@ -143,9 +143,22 @@ def options(settings: Settings, body: Any, headers: CIMultiDictProxy[str]) -> Op
     conversation = body.conversation_id or headers.get("x-conversation-id") or None
     client_id = headers.get("x-request-id") or None
     for name, value in (("x-conversation-id", conversation), ("x-request-id", client_id)):
-        if value is not None and len(value) > 256:
-            raise RequestError(f"{name} must be at most 256 characters", param=name)
+        if value is not None:
+            _check_id(name, value)
     return Options(bound, waited or 0.0, class_name, prefer, conversation, client_id)
+
+
+def _check_id(name: str, value: str) -> None:
+    """An id a client chose: at most 256 characters of UTF-8 text, none of them a control
+    character (it goes into Kafka records, response headers and the lake)."""
+    if len(value) > 256:
+        raise RequestError(f"{name} must be at most 256 characters", param=name)
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:  # a header's invalid bytes, a JSON lone surrogate
+        raise RequestError(f"{name} must be valid UTF-8", param=name) from exc
+    if not value.isprintable():
+        raise RequestError(f"{name} must not hold control characters", param=name)
 
 
 @dataclass
@@ -236,6 +249,12 @@ class Routing:
                         f"the prompt ({len(p.token_ids)} tokens) is more than the route service "
                         "accepts: its body limit is below router.max_body_bytes", status=413,
                         code="context_length_exceeded", param="prompt",
+                    )  # fmt: skip
+                if resp.status == 409:  # the id names another request the service placed
+                    raise RequestError(
+                        f"x-request-id {p.client_id!r} was already used for another request "
+                        "(another model or prompt); send a new id", status=409,
+                        code="request_id_reused", param="x-request-id",
                     )  # fmt: skip
                 reason = f"http_{resp.status}"
         except TimeoutError:
