@@ -78,6 +78,21 @@ def _check_u64(name: str, values: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must be unsigned 64-bit (normalize engine hashes first)")
 
 
+# Bounds on what a record may say (beyond them a record is a mistake or an attack, and one
+# such value poisons every prediction of its worker: a 2^40 block size, a year-3000
+# timestamp, a 10^12-token grant — docs/ARCHITECTURE.md, "Values and records").
+MAX_BLOCK_SIZE: Final = 1 << 16
+MAX_PROMPT_TOKENS: Final = 1 << 24
+MAX_TS: Final = 4_102_444_800.0  # 2100-01-01: a time past it is not a clock's
+MAX_DURATION_S: Final = 86_400.0 * 7
+
+
+def check_ts(name: str, value: float) -> None:
+    check_finite(name, value)
+    if value > MAX_TS:
+        raise ValueError(f"{name} must be a unix time before 2100, got {value}")
+
+
 def check_finite(name: str, value: float | None, *, minimum: float | None = 0.0) -> None:
     """A value that must be finite (and at least ``minimum``) when given."""
     if value is None:
@@ -147,8 +162,11 @@ class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True):
     removed: bool = False
 
     def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(
+                f"block_size must be within 1..{MAX_BLOCK_SIZE}, got {self.block_size}"
+            )
+        check_ts("ts", self.ts)
         if self.gpu_blocks is not None and self.gpu_blocks < 1:
             raise ValueError(f"gpu_blocks must be >= 1, got {self.gpu_blocks}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -349,6 +367,9 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True):
     rerouted_from: WorkerId | None = None
 
     def __post_init__(self) -> None:
+        check_ts("ts", self.ts)
+        if self.prompt_tokens > MAX_PROMPT_TOKENS:
+            raise ValueError(f"prompt_tokens must be at most {MAX_PROMPT_TOKENS}")
         if self.prompt_tokens < 0:
             raise ValueError("prompt_tokens must be >= 0")
         if self.admitted and self.worker_id is None:
@@ -383,7 +404,12 @@ class RequestOutcome(msgspec.Struct, kw_only=True, frozen=True):
     decode_step_s: float | None = None
 
     def __post_init__(self) -> None:
-        check_finite("actual_ttft_s", self.actual_ttft_s)
+        check_ts("ts", self.ts)
+        for name in ("actual_ttft_s", "e2e_s"):
+            value = getattr(self, name)
+            check_finite(name, value)
+            if value is not None and value > MAX_DURATION_S:
+                raise ValueError(f"{name} must be at most {MAX_DURATION_S:g} s, got {value}")
         check_finite("e2e_s", self.e2e_s)
         check_finite("decode_step_s", self.decode_step_s)
         if self.kind == "first_token" and self.status == "ok" and self.actual_ttft_s is None:
