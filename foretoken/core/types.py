@@ -410,7 +410,6 @@ class RequestOutcome(msgspec.Struct, kw_only=True, frozen=True):
             check_finite(name, value)
             if value is not None and value > MAX_DURATION_S:
                 raise ValueError(f"{name} must be at most {MAX_DURATION_S:g} s, got {value}")
-        check_finite("e2e_s", self.e2e_s)
         check_finite("decode_step_s", self.decode_step_s)
         if self.kind == "first_token" and self.status == "ok" and self.actual_ttft_s is None:
             raise ValueError("a first_token outcome carries actual_ttft_s")

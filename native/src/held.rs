@@ -16,6 +16,21 @@ use crate::flat::FlatMap;
 /// Blocks between a prefetch and its use.
 const AHEAD: usize = 8;
 
+/// `f(map, h)` for each of `hashes` in order, each block's lines loaded `AHEAD` blocks
+/// before: a prompt's blocks are spread over a table larger than the caches (as the
+/// index's ingest does it).
+fn each_prefetched(map: &mut FlatMap, hashes: &[u64], mut f: impl FnMut(&mut FlatMap, u64)) {
+    for &h in &hashes[..hashes.len().min(AHEAD)] {
+        map.prefetch_run(h);
+    }
+    for (i, &h) in hashes.iter().enumerate() {
+        if let Some(&ahead) = hashes.get(i + AHEAD) {
+            map.prefetch_run(ahead);
+        }
+        f(map, h);
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct HeldChains {
     workers: HashMap<String, FlatMap>,
@@ -35,17 +50,9 @@ impl HeldChains {
             Some(map) => map,
             None => self.workers.entry(worker.to_owned()).or_default(),
         };
-        // a prompt's blocks are spread over a table larger than the caches: load each
-        // block's lines AHEAD blocks before it is counted (as the index's ingest does)
-        for &h in &hashes[..hashes.len().min(AHEAD)] {
-            map.prefetch_run(h);
-        }
-        for (i, &h) in hashes.iter().enumerate() {
-            if let Some(&ahead) = hashes.get(i + AHEAD) {
-                map.prefetch_run(ahead);
-            }
+        each_prefetched(map, hashes, |map, h| {
             *map.get_or_insert(h, 0).1 += 1;
-        }
+        });
     }
 
     /// A prompt added with these hashes is no longer held (hashes it never added are
@@ -54,15 +61,9 @@ impl HeldChains {
         let Some(map) = self.workers.get_mut(worker) else {
             return;
         };
-        for &h in &hashes[..hashes.len().min(AHEAD)] {
-            map.prefetch_run(h);
-        }
-        for (i, &h) in hashes.iter().enumerate() {
-            if let Some(&ahead) = hashes.get(i + AHEAD) {
-                map.prefetch_run(ahead);
-            }
+        each_prefetched(map, hashes, |map, h| {
             map.update_or_remove(h, |c| c.saturating_sub(1));
-        }
+        });
         if map.is_empty() {
             self.workers.remove(worker);
         }

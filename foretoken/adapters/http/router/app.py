@@ -48,7 +48,7 @@ from foretoken.adapters.http.router.proxy import (
 )
 from foretoken.adapters.http.router.publisher import Publisher
 from foretoken.adapters.http.router.requests import RequestError, decode_openai
-from foretoken.adapters.http.router.routing import Placement, Routing, options
+from foretoken.adapters.http.router.routing import Placement, Routing, is_text, options
 from foretoken.adapters.http.tokenizers import Tokenizers
 from foretoken.core.types import ModelName, RejectReason, WorkerId
 from foretoken.settings import Settings
@@ -130,21 +130,13 @@ class RouterState:
         out = {"Content-Type": "application/json"}
         for name in self.forward_headers:
             value = request.headers.get(name)
-            if value is not None and value.isprintable() and _utf8(value):
+            if value is not None and is_text(value):
                 out[name] = value  # (bytes that are not text are not passed on)
         out.setdefault("x-request-id", request_id)
         if engine is not None and not engine.request_id_header:
             for name in [k for k in out if k.lower() == "x-request-id"]:
                 del out[name]
         return out
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode()
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 # ---------------------------------------------------------------------- the request path

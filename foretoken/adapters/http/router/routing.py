@@ -148,17 +148,24 @@ def options(settings: Settings, body: Any, headers: CIMultiDictProxy[str]) -> Op
     return Options(bound, waited or 0.0, class_name, prefer, conversation, client_id)
 
 
-def _check_id(name: str, value: str) -> None:
-    """An id a client chose: at most 256 characters of UTF-8 text, none of them a control
-    character (it goes into Kafka records, response headers and the lake)."""
-    if len(value) > 256:
-        raise RequestError(f"{name} must be at most 256 characters", param=name)
+def is_text(value: str) -> bool:
+    """UTF-8 text without control characters: not a header's invalid bytes (decoded as
+    lone surrogates) nor a JSON lone surrogate, fit for Kafka records, headers and the lake."""
+    if not value.isprintable():
+        return False
     try:
         value.encode()
-    except UnicodeEncodeError as exc:  # a header's invalid bytes, a JSON lone surrogate
-        raise RequestError(f"{name} must be valid UTF-8", param=name) from exc
-    if not value.isprintable():
-        raise RequestError(f"{name} must not hold control characters", param=name)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_id(name: str, value: str) -> None:
+    """An id a client chose: at most 256 characters of text (:func:`is_text`)."""
+    if len(value) > 256:
+        raise RequestError(f"{name} must be at most 256 characters", param=name)
+    if not is_text(value):
+        raise RequestError(f"{name} must be UTF-8 text without control characters", param=name)
 
 
 @dataclass
