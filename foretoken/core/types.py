@@ -85,6 +85,13 @@ MAX_BLOCK_SIZE: Final = 1 << 16
 MAX_PROMPT_TOKENS: Final = 1 << 24
 MAX_TS: Final = 4_102_444_800.0  # 2100-01-01: a time past it is not a clock's
 MAX_DURATION_S: Final = 86_400.0 * 7
+MAX_GROUP_IDX: Final = (1 << 16) - 1  # KV cache groups (vLLM: a handful per model)
+MAX_DP_RANK: Final = (1 << 16) - 1  # data-parallel ranks of one engine
+
+
+def _check_group(group_idx: int) -> None:
+    if not 0 <= group_idx <= MAX_GROUP_IDX:
+        raise ValueError(f"group_idx must be within 0..{MAX_GROUP_IDX}, got {group_idx}")
 
 
 def check_ts(name: str, value: float) -> None:
@@ -219,8 +226,11 @@ class BlockStored(msgspec.Struct, kw_only=True, frozen=True, tag="stored"):
         _check_u64("block_hashes", self.block_hashes)
         if self.parent_block_hash is not None:
             _check_u64("parent_block_hash", (self.parent_block_hash,))
-        if self.block_size < 0:
-            raise ValueError("block_size must be >= 0")
+        if not 0 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(
+                f"block_size must be within 0..{MAX_BLOCK_SIZE}, got {self.block_size}"
+            )
+        _check_group(self.group_idx)
         if len(self.packed_token_ids) % 4:
             raise ValueError("packed_token_ids must be 4 bytes per token")
         if self.token_ids and self.packed_token_ids:
@@ -249,6 +259,7 @@ class BlockRemoved(msgspec.Struct, kw_only=True, frozen=True, tag="removed"):
 
     def __post_init__(self) -> None:
         _check_u64("block_hashes", self.block_hashes)
+        _check_group(self.group_idx)
 
 
 class AllCleared(msgspec.Struct, kw_only=True, frozen=True, tag="cleared"):
@@ -281,6 +292,8 @@ class KvBatch(msgspec.Struct, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         if not 0 <= self.seq <= MAX_SEQ:
             raise ValueError(f"seq must be in 0..2^63-1, got {self.seq}")
+        if not 0 <= self.dp_rank <= MAX_DP_RANK:
+            raise ValueError(f"dp_rank must be within 0..{MAX_DP_RANK}, got {self.dp_rank}")
 
 
 # --------------------------------------------------------------------------- predictions

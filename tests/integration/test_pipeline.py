@@ -126,3 +126,45 @@ def _metrics(url: str) -> str:
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
         return resp.read().decode()
+
+
+def test_a_workers_tombstone_retires_the_worker_and_is_not_dead_lettered(
+    faust_worker: RunningWorker,
+) -> None:
+    """``workers`` is compacted and keyed by worker id: a null value is how Kafka deletes a
+    key, so it means the worker is gone (before: a dead letter "empty record")."""
+    run = f"tomb-{uuid.uuid4().hex[:6]}"
+    worker = f"{run}-w0"
+    cache_url = f"{faust_worker.url}/v1/cache/sample-model"
+
+    async def send(tombstone: bool) -> None:
+        async with RecordProducer(faust_worker.settings) as producer:
+            if tombstone:
+                await producer.send_tombstone("workers", worker.encode())
+                await producer.send_raw("workers", b"\x00not a record", key=b"after")
+            else:
+                for logical, record in sample_records(1, run)[:2]:
+                    await producer.send(logical, record)
+            await producer.flush()
+
+    asyncio.run(send(tombstone=False))
+    _wait_for(cache_url, lambda page: worker in page["workers"])
+    dead_before = get_json(f"{faust_worker.url}/v1/stats")["dead_lettered"]
+    asyncio.run(send(tombstone=True))
+    _wait_for(cache_url, lambda page: worker not in page["workers"])
+    # the malformed record sent after the tombstone is the only new dead letter
+    was = sum(dead_before.values())
+    stats = _wait_for(f"{faust_worker.url}/v1/stats",
+                      lambda s: sum(s["dead_lettered"].values()) > was)  # fmt: skip
+    assert sum(stats["dead_lettered"].values()) == was + 1
+
+
+def test_staleness_since_must_be_a_finite_time(faust_worker: RunningWorker) -> None:
+    import urllib.error
+    import urllib.request
+
+    for since in ("nan", "inf", "soon"):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{faust_worker.url}/v1/staleness?since={since}", timeout=5)
+        assert info.value.code == 400
+        assert b'"param":"since"' in info.value.read()

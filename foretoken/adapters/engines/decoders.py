@@ -383,7 +383,12 @@ class _EventDecoder:
                 out.append(removed)
         elif tag == TAG_CLEARED:
             medium = fields.get("medium")
-            out.append(AllCleared(medium=None if medium is None else self._tier(medium)))
+            if medium is None:
+                out.append(AllCleared(medium=None))  # vLLM's tag only: every tier
+            elif (tier := self._tier(medium)) is not None:
+                out.append(AllCleared(medium=tier))
+            # an unknown medium is counted and skipped, as in stores and removals: clearing
+            # every tier for it would forget blocks the engine still holds
         else:
             self.unknown_tags[tag] = self.unknown_tags.get(tag, 0) + 1
 

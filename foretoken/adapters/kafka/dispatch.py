@@ -28,6 +28,9 @@ class Position:
 # A handler may return records to produce, as (logical topic, record) pairs.
 Emitted = Iterable[tuple[str, Record]] | None
 Handler = Callable[[Record, Position], Emitted]
+# What a tombstone (a null value under a key, on a compacted topic) means: the record it
+# stands for, or None when the key names nothing known (then it is counted and skipped).
+Tombstone = Callable[[bytes], Record | None]
 INPUT_TOPICS = ("workers", "kv_events", "grants", "outcomes", "graded")
 REASON_KIND_LEN = 48
 
@@ -50,6 +53,12 @@ class Dispatcher:
     handlers: dict[str, list[Handler]] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
     dead: Counter[str] = field(default_factory=Counter)
+    tombstones: dict[str, Tombstone] = field(default_factory=dict)
+
+    def on_tombstone(self, logical: str, meaning: Tombstone) -> None:
+        """Read a null value under a key on ``logical`` as ``meaning(key)`` (``workers``: the
+        worker retired) instead of dead-lettering it as an empty record."""
+        self.tombstones[logical] = meaning
 
     def on(self, logical: str, handler: Handler) -> None:
         if logical not in RECORD_TYPES:
@@ -65,8 +74,14 @@ class Dispatcher:
         partition: int | None = None,
         offset: int | None = None,
     ) -> Consumed:
+        meaning = self.tombstones.get(logical) if value is None and key else None
         try:
-            record = decode(value, RECORD_TYPES[logical])
+            record = meaning(key) if meaning is not None and key else None
+            if meaning is not None and record is None:
+                self.counts[f"{logical}_tombstone_unknown"] += 1
+                return Consumed(None, None)
+            if record is None:
+                record = decode(value, RECORD_TYPES[logical])
         except DecodeError as exc:
             return Consumed(
                 None, self._dead(source_topic, exc.reason, key, value, partition, offset)

@@ -31,8 +31,11 @@ from foretoken.wire.records import KvEventBatch, Record, WorkerRegistration
 log = logging.getLogger(__name__)
 SNAPSHOT_VERSION = 1
 # Batches of a worker whose registration has not been consumed yet (the two topics are read
-# independently) wait here, up to this many per worker; older ones are dropped and counted.
+# independently) wait here, up to this many per worker and for this many workers; past either
+# bound a batch is dead-lettered with the reason (memory and snapshots stay bounded whatever
+# a producer writes under made-up worker ids).
 MAX_PENDING_BATCHES = 10_000
+MAX_PENDING_WORKERS = 1_024
 
 
 def snapshot_path(settings: Settings) -> Path:
@@ -104,13 +107,25 @@ class IndexKeeper:
             self.applied[pos.partition] = pos.offset
         self.applied_since_start += 1
         if record.worker_id not in self.known:
-            waiting = self.pending.setdefault(record.worker_id, [])
-            waiting.append(record)
-            if len(waiting) > MAX_PENDING_BATCHES:
-                del waiting[0]
-                self.dropped_pending += 1
+            self._hold(record)
             return
         self.index.apply(record, time.time())
+
+    def _hold(self, record: KvEventBatch) -> None:
+        waiting = self.pending.get(record.worker_id)
+        if waiting is None and len(self.pending) >= MAX_PENDING_WORKERS:
+            self.dropped_pending += 1
+            raise ValueError(
+                f"KV batch of unregistered worker {record.worker_id!r}: batches of "
+                f"{len(self.pending)} unregistered workers already wait (bound)"
+            )
+        if waiting is not None and len(waiting) >= MAX_PENDING_BATCHES:
+            self.dropped_pending += 1
+            raise ValueError(
+                f"KV batch of unregistered worker {record.worker_id!r}: "
+                f"{len(waiting)} of its batches already wait for its registration (bound)"
+            )
+        self.pending.setdefault(record.worker_id, []).append(record)
 
     def adopt(self, other: IndexKeeper) -> None:
         """Take ``other``'s index, offsets and waiting batches (a snapshot loaded anew by a
@@ -181,6 +196,7 @@ class IndexKeeper:
             "restored_from_snapshot": self.restored_from,
             "applied_since_start": self.applied_since_start,
             "pending_unregistered": {w: len(b) for w, b in self.pending.items()},
+            "pending_dead_lettered": self.dropped_pending,
             "counters": stats["counters"],
         }
 

@@ -13,6 +13,7 @@ once: a forwarded request that still lands on a non-owner gets 421, one with no 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import cast
 
@@ -47,6 +48,12 @@ class CacheQuery(msgspec.Struct, frozen=True):
 def _error(view: View, exc: RouteRequestError) -> Response:
     code = "unauthorized" if exc.status == 401 else "invalid_route_request"
     return view.bytes(error_body(exc.message, exc.field, code), status=exc.status,
+                      content_type=JSON)  # fmt: skip
+
+
+def _unavailable(view: View, message: str, status: int) -> Response:
+    """The owner of a model cannot answer: the OpenAI error shape, as every other error."""
+    return view.bytes(error_body(message, "model", "model_owner_unavailable"), status=status,
                       content_type=JSON)  # fmt: skip
 
 
@@ -94,8 +101,11 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
         """Queue-view staleness since ``?since=<unix ts>`` (default: all kept samples)."""
         try:
             since = float(request.query.get("since", 0.0))
+            if not math.isfinite(since):
+                raise ValueError(since)
         except ValueError:
-            return self.json({"error": "since must be a unix time in seconds"}, status=400)
+            body = error_body("since must be a unix time in seconds", "since", "invalid_query")
+            return self.bytes(body, status=400, content_type=JSON)
         return self.json(state.staleness_since(since))
 
     @app.page("/v1/config")
@@ -122,9 +132,9 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
             url = getattr(owner, "url", None)
             if request.headers.get(FORWARDED_HEADER) or url is None:
                 status = 421 if request.headers.get(FORWARDED_HEADER) else 503
-                return self.json({"error": "not the owner of this model, and no owner "
-                                  "known" if url is None else "forwarded to a non-owner"},
-                                 status=status)  # fmt: skip
+                message = ("not the owner of this model, and no owner known" if url is None
+                           else "forwarded to a non-owner")  # fmt: skip
+                return _unavailable(self, message, status)
             if not sessions:
                 sessions.append(aiohttp.ClientSession())
             state.forwarded += 1
@@ -141,7 +151,7 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
                     body = await resp.read()
                     return self.bytes(body, content_type="application/json", status=resp.status)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                return self.json({"error": f"owner {url} unreachable: {exc}"}, status=503)
+                return _unavailable(self, f"owner {url} unreachable: {exc}", 503)
 
     @app.page("/v1/controls")
     async def controls(self: View, request: Request) -> Response:

@@ -92,6 +92,7 @@ class ProcessorState:
         # The graded -> Parquet lake sink, when a lake directory is configured.
         self.lake = (LakeSink(settings.lake, self.metrics.registry)
                      if settings.lake.dir and self.grading else None)  # fmt: skip
+        self.dispatcher.on_tombstone("workers", self.retired)
         self.dispatcher.on("workers", self.on_worker)
         self.dispatcher.on("workers", self.index.on_worker)
         self.dispatcher.on("kv_events", self.index.on_kv)
@@ -102,6 +103,12 @@ class ProcessorState:
     @property
     def fits(self) -> Any:
         return self.core.service.fits
+
+    def retired(self, key: bytes) -> WorkerRegistration | None:
+        """A ``workers`` tombstone (the topic is compacted, keyed by worker id): the worker's
+        last registration, marked removed; None for a worker this process never saw."""
+        reg = self.registrations.get(WorkerId(key.decode("utf-8", "replace")))
+        return None if reg is None else msgspec.structs.replace(reg, removed=True)
 
     def on_worker(self, record: Record, pos: Position) -> None:
         assert isinstance(record, WorkerRegistration)

@@ -126,6 +126,10 @@ class RecordProducer:
         """Bytes as they are (tests and the demo use it to show dead-lettering)."""
         await self._producer.send(self.settings.topic(logical), value=value, key=key)
 
+    async def send_tombstone(self, logical: str, key: bytes) -> None:
+        """A null value under ``key``: on a compacted topic (``workers``) the key's deletion."""
+        await self._producer.send(self.settings.topic(logical), value=None, key=key)
+
     async def send_value(
         self, logical: str, value: bytes, key: bytes | None
     ) -> asyncio.Future[Any]:

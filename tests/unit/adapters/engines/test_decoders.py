@@ -221,6 +221,30 @@ def test_unknown_medium_skips_the_event_and_counts_it() -> None:
     assert decoded.batch.events == (BlockRemoved(block_hashes=(2,)),)
 
 
+def test_clear_of_an_unknown_medium_is_skipped_not_a_clear_of_every_tier() -> None:
+    batch = [1.0, [{"type": "AllBlocksCleared", "medium": "HOLOGRAPHIC"},
+                   {"type": "AllBlocksCleared", "medium": "cpu"}], 0]  # fmt: skip
+    decoded = vllm(batch)
+    assert decoded.unknown_media == {"HOLOGRAPHIC": 1}
+    assert decoded.batch.events == (AllCleared(medium="CPU"),)
+
+
+@pytest.mark.parametrize(
+    ("batch", "field"),
+    [
+        ([1.0, [stored_map(group_idx=1 << 63)], 0], "group_idx"),
+        ([1.0, [["BlockRemoved", [1], "GPU", (1 << 64) - 1]], 0], "group_idx"),
+        ([1.0, [stored_map(token_ids=[], block_size=1 << 63)], 0], "block_size"),
+        ([1.0, [], 1 << 63], "dp_rank"),
+    ],
+)
+def test_ints_past_their_bounds_are_refused_naming_the_field(batch: Any, field: str) -> None:
+    """Before: ints of 2^63 and more went to Kafka and the processor dead-lettered the whole
+    batch with an OverflowError that named nothing."""
+    with pytest.raises(DecodeError, match=field):
+        vllm(batch)
+
+
 def test_batch_as_a_map_and_dp_rank() -> None:
     batch = {"ts": 2.5, "events": [["AllBlocksCleared"]], "data_parallel_rank": 3}
     decoded = vllm(batch)

@@ -49,3 +49,16 @@ def test_a_raising_handler_dead_letters_but_does_not_stop_the_dispatcher() -> No
 
 def test_reason_kind_is_low_cardinality() -> None:
     assert reason_kind("invalid Grant: Expected `str`, got `int` - at `$.x`") == "invalid Grant"
+
+
+def test_a_tombstone_means_what_its_topic_says_and_an_unknown_one_is_counted() -> None:
+    d = Dispatcher()
+    seen: list[Record] = []
+    d.on("grants", lambda record, pos: seen.append(record))
+    known = Grant(request_id="r9", ts=1.0, model="m", prompt_tokens=9, admitted=False)
+    d.on_tombstone("grants", lambda key: known if key == b"r9" else None)
+    assert d.consume("grants", "grants", b"r9", None).dead_letter is None
+    assert d.consume("grants", "grants", b"zz", None).dead_letter is None
+    assert seen == [known] and d.counts["grants_tombstone_unknown"] == 1
+    # on a topic without a meaning for it, a null value is still a dead letter
+    assert d.consume("outcomes", "outcomes", b"r9", None).dead_letter is not None
