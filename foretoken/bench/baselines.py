@@ -163,7 +163,10 @@ class ShadowBaselines:
                  replica: PredictorPolicy | None = None) -> None:  # fmt: skip
         self.inner, self.fits, self.replica = inner, fits, replica
         self.name = inner.name
-        self.kv_events = inner.kv_events
+        # the replica keeps its own cache index: it needs the KV events whatever the inner
+        # policy needs (a cache-aware baseline reads the fleet's caches and asks for none)
+        details = [inner.kv_events] + ([replica.kv_events] if replica is not None else [])
+        self.kv_events = min(details, key=("full", "hashes", "off").index)
         self.awaiting: dict[WorkerId, dict[RequestId, _Ahead]] = {}
         self.predictions: dict[RequestId, tuple[float, ...]] = {}
 

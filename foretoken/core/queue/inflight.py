@@ -69,6 +69,13 @@ class InFlightEstimate:
         return self._scheduler.running_count
 
     @property
+    def kv_free_blocks(self) -> int | None:
+        """GPU blocks no running sequence reserves (None: capacity unknown)."""
+        if self.kv is None:
+            return None
+        return max(self._scheduler.kv_cap - self._scheduler.kv_used, 0)
+
+    @property
     def lag_s(self) -> float:
         """How late first tokens reach us (the outcomes' lag): a prefill the simulation
         finished less than this ago is taken as done, its first token on its way."""

@@ -215,6 +215,10 @@ class WorkerQueue:
         self._catch_up(now_s, cost)
         return self._estimate.predict(new_request, now_s, cost)
 
+    def kv_free_blocks(self, now_s: float, cost: StepCost) -> int | None:
+        self._catch_up(now_s, cost)
+        return self._estimate.kv_free_blocks
+
     def prefill_left(self, now_s: float, cost: StepCost) -> list[int]:
         """Prompt tokens each request without a first token still has to compute, as the
         estimate at ``now_s`` has it (admitted ones first, then the waiting ones in order)."""

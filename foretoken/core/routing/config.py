@@ -56,6 +56,11 @@ class PredictorConfig:
     max_first_token_lag_s: float = 0.25
     # The queue model holds running requests' KV blocks against the worker's gpu_blocks.
     model_kv_capacity: bool = True
+    # A cached prefix survives until the request starts only where a prompt still held there
+    # shares it (its blocks are pinned or freshest): beyond that depth the credit is dropped
+    # when the prefill the queue ahead must still compute exceeds the GPU blocks no running
+    # sequence reserves (LRU eviction reaches it first; foretoken.core.routing.predict).
+    evict_under_pressure: bool = True
     # Decode samples less the prefill of prompts whose first token came during the
     # request's decode window, dropped below this share of the raw TPOT.
     decode_windows: bool = True

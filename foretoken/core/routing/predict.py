@@ -193,6 +193,14 @@ class Predictions:
         curve, step = self.fits.answer(wid)
         queue, cost = self.book.queues[wid], self._cost(wid, curve, step)
         result = queue.predict(NewRequest(n, cached, out), now_s, cost)
+        if (self.config.evict_under_pressure and hit is not None and cached > held
+                and profile.gpu_blocks):  # fmt: skip
+            free = queue.kv_free_blocks(now_s, cost)
+            if free is not None and result.queue_tokens_ahead > free * profile.block_size:
+                # evicted before it starts: only what a held prompt pins is still there
+                cached, load_s, lower = min(held, cached), 0.0, None
+                deepest = "GPU" if cached else None
+                result = queue.predict(NewRequest(n, cached, out), now_s, cost)
         delay = 0.0
         if (self.config.placement_delay_weight > 0 and queue.unstarted_count
                 and shares_steps(profile.scheduler)):  # fmt: skip
