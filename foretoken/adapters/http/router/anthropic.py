@@ -2,13 +2,16 @@
 
 ``POST /v1/messages`` (streaming or not) and ``POST /v1/messages/count_tokens``. A request is
 decoded strictly (text content blocks, a system prompt as a string or text blocks, stop
-sequences, sampling parameters; anything else — tools, images, thinking — is refused with a
-400 naming it, never dropped) and translated into the chat completion the engine streams:
-the same messages the router tokenizes, so what is routed is what is prefilled. The engine's
-OpenAI events come back as Anthropic's: ``message_start``, ``content_block_start``, ``ping``,
-``content_block_delta`` (``text_delta``), ``content_block_stop``, ``message_delta`` (stop
-reason, output and cache-read tokens), ``message_stop`` — or an ``error`` event when the
-stream breaks.
+sequences, sampling parameters, ``metadata.user_id``; ``cache_control`` is taken, as the
+engines cache prefixes on their own; anything else — tools, images, thinking, an unknown
+field of the body, a message, a block or ``metadata`` — is refused with a 400 naming it,
+never dropped; ``tools: []``, ``tool_choice: {"type": "none"}`` and ``thinking: {"type":
+"disabled"}`` ask for nothing and are taken) and translated into the chat completion the
+engine streams: the same messages the router tokenizes, so what is routed is what is
+prefilled. The engine's OpenAI events come back as Anthropic's: ``message_start``,
+``content_block_start``, ``ping``, ``content_block_delta`` (``text_delta``),
+``content_block_stop``, ``message_delta`` (stop reason, output and cache-read tokens),
+``message_stop`` — or an ``error`` event when the stream breaks.
 """
 
 from __future__ import annotations
@@ -28,22 +31,45 @@ from foretoken.adapters.http.router.requests import (
 )
 from foretoken.core.tokenizer import transcript
 
+OTHER_BLOCK_FIELDS: Final = (
+    "source", "id", "name", "input", "tool_use_id", "content", "is_error", "thinking",
+    "signature", "data", "title", "context", "citations",
+)  # fmt: skip
 STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _encoder = msgspec.json.Encoder()
 _json = msgspec.json.Decoder()
 
 
-class Block(msgspec.Struct, kw_only=True):
+class Block(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A content block: text is taken (``cache_control`` too: the engines cache prefixes on
+    their own); the other types' fields are named here only so that the block is refused
+    for its type, not for its first field."""
+
     type: ShortText
     text: str | None = None
+    cache_control: Any = None
+    # other block types' fields (refused by type)
+    source: Any = None
+    id: Any = None
+    name: Any = None
+    input: Any = None
+    tool_use_id: Any = None
+    content: Any = None
+    is_error: Any = None
+    thinking: Any = None
+    signature: Any = None
+    data: Any = None
+    title: Any = None
+    context: Any = None
+    citations: Any = None
 
 
-class Message(msgspec.Struct, kw_only=True):
+class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
-class Metadata(msgspec.Struct, kw_only=True):
+class Metadata(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     user_id: ShortText | None = None
 
 
@@ -60,7 +86,7 @@ class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class MessagesBody(_Base, kw_only=True, forbid_unknown_fields=True):
     max_tokens: Annotated[int, Meta(ge=1, le=INT32_MAX)]
-    stream: bool = False
+    stream: bool | None = False
     stop_sequences: list[str] | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
@@ -94,12 +120,26 @@ def _text(content: str | list[Block] | None, where: str) -> str:
             )  # fmt: skip
         if block.text is None:
             raise RequestError(f"{where}[{j}].text is required", param=f"{where}[{j}].text")
+        for name in OTHER_BLOCK_FIELDS:
+            if getattr(block, name) is not None:
+                field = f"{where}[{j}].{name}"
+                raise RequestError(f"{field}: not a field of a text block, or not supported by "
+                                   "this router", param=field)  # fmt: skip
     return "".join(b.text or "" for b in content)
+
+
+def _off(name: str, value: Any) -> bool:
+    """Whether a refused feature's value asks for nothing (no tools; thinking or tool use
+    disabled), so that it can be taken as it is."""
+    if value is None or (name in ("tools", "mcp_servers") and value == []):
+        return True
+    wanted = {"thinking": "disabled", "tool_choice": "none"}.get(name)
+    return isinstance(value, dict) and value.get("type") == wanted and len(value) == 1
 
 
 def _turns(body: _Base) -> list[tuple[str, str]]:
     for name in ("tools", "tool_choice", "thinking", "mcp_servers"):
-        if getattr(body, name) is not None:
+        if not _off(name, getattr(body, name)):
             raise RequestError(f"{name} is not supported by this router", param=name)
     turns = [("system", _text(body.system, "system"))] if body.system else []
     turns += [(m.role, _text(m.content, f"messages[{i}].content"))
@@ -152,8 +192,9 @@ class AnthropicRelay:
     """Engine events → an Anthropic answer, streamed or one JSON message."""
 
     def __init__(self, request: web.Request, response: web.StreamResponse | None,
-                 message_id: str, model: str, input_tokens: int) -> None:  # fmt: skip
-        self.request, self.response = request, response
+                 message_id: str, model: str, input_tokens: int,
+                 reports_cached: bool = False) -> None:  # fmt: skip
+        self.request, self.response, self.reports_cached = request, response, reports_cached
         self.id, self.model, self.input_tokens = message_id, model, input_tokens
         self.text: list[str] = []
         self.finish_reason: str | None = None
@@ -223,6 +264,8 @@ class AnthropicRelay:
                                  "output_tokens": m.output_tokens}  # fmt: skip
         if m.cached_tokens is not None:
             usage["cache_read_input_tokens"] = m.cached_tokens
+        elif m.usage_seen and self.reports_cached:  # omitted on a miss (vLLM)
+            usage["cache_read_input_tokens"] = 0
         return usage
 
     def answer(self, m: Measured) -> dict[str, Any]:

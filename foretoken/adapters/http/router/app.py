@@ -32,12 +32,10 @@ import aiohttp
 import msgspec
 import numpy as np
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
-from foretoken.adapters.http.router import anthropic, errors
+from foretoken.adapters.http.router import anthropic, edge, errors
 from foretoken.adapters.http.router.proxy import (
     ClientGone,
     Collected,
@@ -118,12 +116,19 @@ class RouterState:
     def authorized(self, request: web.Request) -> bool:
         if not self.keys:
             return True
-        given = request.headers.get("x-api-key") or ""
+        # Either header may hold the key (the Anthropic SDK sends x-api-key, the OpenAI SDK
+        # a bearer token); a client may send both, one of them meant for the engine.
+        offered = [request.headers.get("x-api-key") or ""]
         auth = request.headers.get("authorization") or ""
         if auth[:7].lower() == "bearer ":
-            given = auth[7:].strip()
-        offered = given.encode(errors="surrogateescape")  # a header's raw bytes, whatever
-        return any(hmac.compare_digest(offered, key) for key in self.keys)
+            offered.append(auth[7:].strip())
+        given = [o.encode(errors="surrogateescape") for o in offered if o]  # raw bytes
+        return any(hmac.compare_digest(g, key) for g in given for key in self.keys)
+
+    def reports_cached(self, grant: Grant) -> bool:
+        """Whether the granted engine reports cached tokens (then an omitted count is 0)."""
+        engine = self.engines.get(grant.worker_id) if grant.worker_id is not None else None
+        return engine is not None and engine.reports_cached_tokens
 
     def upstream_headers(self, request: web.Request, request_id: str,
                          engine: EngineConfig | None = None) -> dict[str, str]:  # fmt: skip
@@ -140,31 +145,6 @@ class RouterState:
 
 
 # ---------------------------------------------------------------------- the request path
-
-
-async def read_body(request: web.Request, settings: Settings) -> bytes:
-    cfg = settings.router
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ("", "identity"):
-        raise RequestError(f"request bodies are taken uncompressed (Content-Encoding: "
-                           f"{encoding[:32]!r})", status=415)  # fmt: skip
-    if request.content_length is not None and request.content_length > cfg.max_body_bytes:
-        raise RequestError(f"the body ({request.content_length} bytes) is over the limit of "
-                           f"{cfg.max_body_bytes} (router.max_body_bytes)", status=413)  # fmt: skip
-    try:
-        if request.content.is_eof():  # all of it came with the head: nothing to wait for
-            return await request.read()
-        async with asyncio.timeout(cfg.body_read_timeout_s):
-            return await request.read()
-    except (RequestPayloadError, HttpProcessingError, ConnectionResetError) as exc:
-        raise RequestError(f"the body could not be read: {exc}") from exc
-    except TimeoutError as exc:
-        message = f"the body did not arrive within {cfg.body_read_timeout_s:g} s"
-        raise RequestError(f"{message} (router.body_read_timeout_s)", status=408,
-                           kind="timeout") from exc  # fmt: skip
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestError(f"the body is over the limit of {cfg.max_body_bytes} bytes "
-                           "(router.max_body_bytes)", status=413) from exc  # fmt: skip
 
 
 async def off_loop(state: RouterState, size: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -189,8 +169,7 @@ async def tokens_of(state: RouterState, model: str, text: str | None,
 def check_model(state: RouterState, model: str) -> None:
     if model not in state.models:
         raise RequestError(f"unknown model {model!r}; served: {state.models}", status=404,
-                           param="model", code="model_not_found",
-                           kind="not_found_error")  # fmt: skip
+                           param="model", code="model_not_found")  # fmt: skip
 
 
 async def place(state: RouterState, request: web.Request, body: Any, tokens: np.ndarray,
@@ -284,19 +263,6 @@ def publish_completion(
     ))  # fmt: skip
 
 
-def engine_refusal(m: Measured, anthropic_shape: bool, request_id: str) -> web.Response:
-    """The engine refused before streaming: its status (a 5xx becomes 502) and message."""
-    status = m.engine_status if 400 <= m.engine_status < 500 else 502
-    if not anthropic_shape and 400 <= m.engine_status < 500 and b'"error"' in m.engine_body:
-        return web.Response(body=m.engine_body, status=status, content_type="application/json",
-                            headers={"x-request-id": request_id})  # fmt: skip
-    message = m.error or f"engine answered {m.engine_status}"
-    if status == 502:
-        message = f"engine answered {m.engine_status}: {message}"
-    return errors.error(anthropic_shape, status, message, kind="api_error" if status == 502
-                        else "invalid_request_error", request_id=request_id)  # fmt: skip
-
-
 def refused(state: RouterState, exc: RequestError, anthropic_shape: bool) -> web.Response:
     state.metrics.outcome["bad_request"].inc()
     resp = errors.error(anthropic_shape, exc.status, exc.message, kind=exc.kind, code=exc.code,
@@ -321,7 +287,7 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
     if not state.authorized(request):
         return unauthorized(False)
     try:
-        raw = await read_body(request, state.settings)
+        raw = await edge.read_body(request, state.settings)
         d = await off_loop(state, len(raw), decode_openai, raw, chat,
                            state.settings.router.max_output_tokens)  # fmt: skip
         check_model(state, d.body.model)
@@ -336,18 +302,21 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
     grant, url = routed
     path = "/v1/chat/completions" if chat else "/v1/completions"
     response = EventStream(headers={**SSE_HEADERS, "x-request-id": p.request_id})
+    cached = state.reports_cached(grant)
     relay: OpenAIStream | Collected = (
-        OpenAIStream(request, response, chat, d.wants_usage) if d.body.stream else Collected(chat)
-    )
+        OpenAIStream(request, response, chat, d.wants_usage, d.body.n or 1, cached)
+        if d.body.stream else Collected(chat, cached)
+    )  # fmt: skip
     m = await relay_to_engine(state, request, p, grant, url + path, d.upstream, relay, arrived)
     if m is None:  # the client went away mid-stream
         return response
     if m.engine_status != 200:
-        return engine_refusal(m, False, p.request_id)
+        return edge.engine_refusal(m, False, p.request_id)
     if isinstance(relay, OpenAIStream):
         return response
     if m.status != "ok" or relay.error is not None:
-        return errors.openai_error(502, relay.error or m.error or "engine error", "api_error")
+        return errors.openai_error(502, relay.error or m.error or "engine error", "api_error",
+                                   headers={"x-request-id": p.request_id})  # fmt: skip
     return web.Response(body=_encoder.encode(relay.answer(p.model, p.request_id)),
                         content_type="application/json",
                         headers={"x-request-id": p.request_id})  # fmt: skip
@@ -367,7 +336,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if not state.authorized(request):
         return unauthorized(True)
     try:
-        raw = await read_body(request, state.settings)
+        raw = await edge.read_body(request, state.settings)
         body, text, upstream = await off_loop(state, len(raw), anthropic.decode_messages, raw)
         check_model(state, body.model)
         limit = state.settings.router.max_output_tokens
@@ -385,18 +354,19 @@ async def messages(request: web.Request) -> web.StreamResponse:
     response = (EventStream(headers={**SSE_HEADERS, "request-id": p.request_id})
                 if body.stream else None)  # fmt: skip
     relay = anthropic.AnthropicRelay(request, response, f"msg_{p.request_id}", body.model,
-                                     len(tokens))  # fmt: skip
+                                     len(tokens), state.reports_cached(grant))  # fmt: skip
     m = await relay_to_engine(state, request, p, grant, url + "/v1/chat/completions", upstream,
                               relay, arrived)  # fmt: skip
     if m is None:  # the client went away mid-stream
         return response or web.Response(status=499)
     if m.engine_status != 200:
-        return engine_refusal(m, True, p.request_id)
+        return edge.engine_refusal(m, True, p.request_id)
     if response is not None:
         await relay.finish(m)
         return response
     if m.status != "ok":
-        return errors.anthropic_error(502, m.error or "engine error", p.request_id)
+        return errors.anthropic_error(502, m.error or "engine error", p.request_id,
+                                      {"request-id": p.request_id})  # fmt: skip
     return web.Response(body=_encoder.encode(relay.answer(m)), content_type="application/json",
                         headers={"request-id": p.request_id})  # fmt: skip
 
@@ -406,7 +376,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     if not state.authorized(request):
         return unauthorized(True)
     try:
-        raw = await read_body(request, state.settings)
+        raw = await edge.read_body(request, state.settings)
         body, text = await off_loop(state, len(raw), anthropic.decode_count_tokens, raw)
         check_model(state, body.model)
         tokens = await state.tokenizers.encode(body.model, text)
@@ -425,7 +395,7 @@ def _model(model_id: str) -> dict[str, Any]:
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.authorized(request):
-        return unauthorized(False)
+        return unauthorized(errors.anthropic_shape(request))
     data = [_model(m) for m in state.models]
     return web.json_response({"object": "list", "data": data, "has_more": False,
                               "first_id": data[0]["id"] if data else None,
@@ -435,11 +405,12 @@ async def models(request: web.Request) -> web.Response:
 async def model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.authorized(request):
-        return unauthorized(False)
+        return unauthorized(errors.anthropic_shape(request))
     model_id = request.match_info["model"]
     if model_id not in state.models:
-        message = f"model {model_id!r} is not served here; served: {state.models}"
-        return errors.openai_error(404, message, "not_found_error", "model_not_found")
+        message = f"unknown model {model_id!r}: not served here; served: {state.models}"
+        return errors.error(errors.anthropic_shape(request), 404, message, param="model",
+                            code="model_not_found")  # fmt: skip
     return web.json_response(_model(model_id))
 
 
@@ -478,7 +449,7 @@ def _tokenizer_paths(settings: Settings, engines: list[EngineConfig]) -> dict[st
 def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application:
     cfg = settings.router
     app = web.Application(client_max_size=cfg.max_body_bytes,
-                          middlewares=[errors.json_http_errors])  # fmt: skip
+                          middlewares=[edge.request_ids, errors.json_http_errors])  # fmt: skip
     tokenizers = Tokenizers(_tokenizer_paths(settings, engines), cfg.tokenize_off_loop_chars)
     state = RouterState(settings, {e.worker_id: e for e in engines},
                         Publisher(settings, cfg.publish_buffer), tokenizers=tokenizers)  # fmt: skip

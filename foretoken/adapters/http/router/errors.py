@@ -26,10 +26,12 @@ from foretoken.core.types import RejectReason
 from foretoken.wire.records import Grant
 
 ANTHROPIC_KIND: Final = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
-    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+    400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+    403: "permission_error", 404: "not_found_error", 408: "timeout_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+    504: "timeout_error", 529: "overloaded_error",
 }  # fmt: skip
+OPENAI_PATHS: Final = ("/v1/chat/completions", "/v1/completions")
 _encoder = msgspec.json.Encoder()
 
 
@@ -38,8 +40,25 @@ def _json(status: int, body: object, headers: dict[str, str] | None) -> web.Resp
                         content_type="application/json")  # fmt: skip
 
 
+def anthropic_shape(request: web.Request) -> bool:
+    """Whether this request's errors take Anthropic's shape: ``/v1/messages*`` always, the
+    OpenAI endpoints never, the shared ones (``/v1/models``, an unknown path) when the
+    request carries ``anthropic-version`` (the Anthropic SDK always sends it)."""
+    path = request.path
+    if path.startswith("/v1/messages"):
+        return True
+    if path.startswith(OPENAI_PATHS):
+        return False
+    return "anthropic-version" in request.headers
+
+
+def anthropic_kind(status: int) -> str:
+    """Anthropic's error type for a status (another 4xx: ``invalid_request_error``)."""
+    return ANTHROPIC_KIND.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
 def openai_error(status: int, message: str, kind: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None,
+                 code: str | int | None = None, param: str | None = None,
                  headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return _json(status, body, headers)
@@ -47,7 +66,7 @@ def openai_error(status: int, message: str, kind: str = "invalid_request_error",
 
 def anthropic_error(status: int, message: str, request_id: str | None = None,
                     headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
-    kind = ANTHROPIC_KIND.get(status, "api_error")
+    kind = anthropic_kind(status)
     body = {"type": "error", "error": {"type": kind, "message": message},
             "request_id": request_id}  # fmt: skip
     return _json(status, body, headers)
@@ -135,7 +154,7 @@ async def json_http_errors(
         message = {404: f"no such endpoint: {where}",
                    405: f"method not allowed: {where}"}.get(exc.status, exc.reason)  # fmt: skip
         allow = exc.headers.get("Allow")
-        return error(request.path.startswith("/v1/messages"), exc.status, message,
+        return error(anthropic_shape(request), exc.status, message,
                      code="not_found" if exc.status == 404 else None,
                      headers={"Allow": allow} if allow else None)  # fmt: skip
 

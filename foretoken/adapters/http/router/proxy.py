@@ -276,10 +276,12 @@ class OpenAIStream:
     """A streaming OpenAI client: the engine's events as they come."""
 
     def __init__(self, request: web.Request, response: web.StreamResponse, chat: bool,
-                 wants_usage: bool) -> None:  # fmt: skip
+                 wants_usage: bool, n: int = 1, reports_cached: bool = False) -> None:  # fmt: skip
         self.request, self.response = request, response
-        self.chat, self.wants_usage = chat, wants_usage
-        self.role_pending = chat
+        self.chat, self.wants_usage, self.reports_cached = chat, wants_usage, reports_cached
+        # the choices whose first delta has not gone out yet (each gets the role)
+        self.role_pending: set[int] = set(range(n)) if chat else set()
+        self.n = n
         self.error_sent = False
 
     async def open(self) -> None:
@@ -296,10 +298,12 @@ class OpenAIStream:
                     continue  # the usage event the router asked for, not the client
                 if chunk.error_message is not None:
                     self.error_sent = True
+                if self.reports_cached and _cached_omitted(chunk.usage):
+                    doc = _json.decode(payload)
+                    fill_cached(doc.get("usage"))
+                    payload = _encoder.encode(doc)
             if self.role_pending and b'"choices"' in payload:
-                self.role_pending = False
-                if b'"role"' not in payload:
-                    payload = _with_role(payload)
+                payload = _with_role(payload, self.role_pending, self.n)
             parts.append(b"data: " + payload + b"\n\n")
         if parts:
             await write(self.response, b"".join(parts))
@@ -311,16 +315,48 @@ class OpenAIStream:
         await write(self.response, tail + b"data: [DONE]\n\n")
 
 
-def _with_role(payload: bytes) -> bytes:
-    """The first chat event with ``role: "assistant"`` in every choice's delta."""
+def _cached_omitted(usage: _Usage | None) -> bool:
+    details = None if usage is None else usage.prompt_tokens_details
+    return usage is not None and (details is None or details.cached_tokens is None)
+
+
+def fill_cached(usage: Any) -> Any:
+    """A usage object with ``prompt_tokens_details.cached_tokens`` 0 where an engine that
+    reports cached tokens left it out (vLLM omits it on a miss), as OpenAI's API says it."""
+    if isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details")
+        if details is None:
+            usage["prompt_tokens_details"] = {"cached_tokens": 0}
+        elif isinstance(details, dict) and details.get("cached_tokens") is None:
+            details["cached_tokens"] = 0
+    return usage
+
+
+def _with_role(payload: bytes, pending: set[int], n: int) -> bytes:
+    """A chat event with ``role: "assistant"`` in the delta of each choice whose first event
+    it is (taken off ``pending``), or the engine's bytes when nothing was missing. One
+    choice: only the first event with choices is looked at. ``n`` > 1: events until every
+    choice has had its first."""
+    if n == 1 and b'"role"' in payload:
+        pending.clear()
+        return payload
     try:
         doc = _json.decode(payload)
-        for choice in doc.get("choices") or ():
+        choices = doc.get("choices") or ()
+        changed = False
+        for choice in choices:
+            index = choice.get("index", 0)
+            if n > 1 and index not in pending:
+                continue
+            pending.discard(index)
             delta = choice.setdefault("delta", {})
-            if isinstance(delta, dict):
-                delta.setdefault("role", "assistant")
-        return _encoder.encode(doc)
+            if isinstance(delta, dict) and "role" not in delta:
+                delta["role"], changed = "assistant", True
+        if n == 1 and choices:
+            pending.clear()
+        return _encoder.encode(doc) if changed else payload
     except (msgspec.DecodeError, AttributeError, TypeError):
+        pending.clear()
         return payload
 
 
@@ -333,13 +369,24 @@ class _Assembly:
     stop_reason: Any = None
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # what else the engine said: a chat delta's other text (reasoning_content, reasoning,
+    # refusal) joined, a choice's other fields (prompt_logprobs, token ids, …) as last said
+    delta_text: dict[str, str] = field(default_factory=dict)
+    other: dict[str, Any] = field(default_factory=dict)
+
+
+_CHOICE_KEYS: Final = frozenset(
+    {"index", "delta", "text", "finish_reason", "stop_reason", "logprobs", "message"}
+)
+_DELTA_KEYS: Final = frozenset({"content", "role", "tool_calls"})
+_TOP_KEYS: Final = frozenset({"choices", "usage", "object", "error"})
 
 
 class Collected:
     """A non-streaming client: the events assembled into one OpenAI answer."""
 
-    def __init__(self, chat: bool) -> None:
-        self.chat = chat
+    def __init__(self, chat: bool, reports_cached: bool = False) -> None:
+        self.chat, self.reports_cached = chat, reports_cached
         self.choices: dict[int, _Assembly] = {}
         self.head: dict[str, Any] = {}
         self.usage: Any = None
@@ -361,9 +408,9 @@ class Collected:
         if doc.get("error") is not None or doc.get("object") == "error":
             self.error = engine_error_message(500, _encoder.encode(doc))
             return
-        if not self.head:
-            self.head = {k: doc[k] for k in ("id", "created", "model", "system_fingerprint")
-                         if k in doc}  # fmt: skip
+        for key, value in doc.items():  # id, created, model, system_fingerprint, …
+            if key not in _TOP_KEYS and value is not None:
+                self.head.setdefault(key, value)
         if doc.get("usage") is not None:
             self.usage = doc["usage"]
         for c in doc.get("choices") or ():
@@ -376,6 +423,12 @@ class Collected:
                 a.role = delta.get("role") or a.role
                 for call in delta.get("tool_calls") or ():
                     _merge_call(a.tool_calls, call)
+                for key, value in delta.items() if self.chat else ():
+                    if key not in _DELTA_KEYS and isinstance(value, str):
+                        a.delta_text[key] = a.delta_text.get(key, "") + value
+            for key, value in c.items():
+                if key not in _CHOICE_KEYS and value is not None:
+                    a.other[key] = value
             if c.get("finish_reason"):
                 a.finish_reason = c["finish_reason"]
             if c.get("stop_reason") is not None:
@@ -392,7 +445,7 @@ class Collected:
             text = "".join(a.text)
             choice: dict[str, Any] = {"index": index, "finish_reason": a.finish_reason or "stop"}
             if self.chat:
-                message: dict[str, Any] = {"role": a.role, "content": text}
+                message: dict[str, Any] = {"role": a.role, "content": text, **a.delta_text}
                 if a.tool_calls:
                     message["tool_calls"] = [a.tool_calls[i] for i in sorted(a.tool_calls)]
                     message["content"] = text or None
@@ -402,14 +455,14 @@ class Collected:
             choice["logprobs"] = a.logprobs or None
             if a.stop_reason is not None:
                 choice["stop_reason"] = a.stop_reason
-            choices.append(choice)
-        return {
-            "id": self.head.get("id", f"cmpl-{request_id}"),
+            choices.append(a.other | choice)
+        return self.head | {
+            "id": self.head.get("id", f"{'chatcmpl' if self.chat else 'cmpl'}-{request_id}"),
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.head.get("created", int(time.time())),
-            "model": self.head.get("model", model), "choices": choices, "usage": self.usage,
-        } | ({"system_fingerprint": self.head["system_fingerprint"]}
-             if "system_fingerprint" in self.head else {})  # fmt: skip
+            "model": self.head.get("model", model), "choices": choices,
+            "usage": fill_cached(self.usage) if self.reports_cached else self.usage,
+        }  # fmt: skip
 
 
 def _merge_call(calls: dict[int, dict[str, Any]], delta: Any) -> None:

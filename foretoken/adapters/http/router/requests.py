@@ -9,9 +9,14 @@ surrogates, trailing bytes and nesting past the decoder's depth are 400s too.
 The body the engine gets is the client's, field for field, values untouched: decoded a
 second time as ``{key: msgspec.Raw}`` (each value kept as its original bytes, so a 32k-token
 prompt is copied, never re-serialized), minus foretoken's own fields, with ``stream`` on and
-usage asked for (the router measures the first token and reads the usage chunk). Fields the
-router cannot honour while streaming from the engine (``best_of``, ``use_beam_search``) are
-refused with a 400 that says why, never dropped.
+usage asked for (the router measures the first token and reads the usage chunk; the client's
+other ``stream_options`` keys are kept). Fields the router cannot honour while streaming from
+the engine (``best_of`` ≠ ``n``, ``use_beam_search``) and a batch of several prompts are
+refused with a 400 that says why, never dropped. A batch of one (``["text"]``, ``[[ids]]``:
+lm-eval's shape) reaches the engine as its one prompt. ``null`` is taken where OpenAI's API
+takes it (``n``, ``stream``, ``echo``, …: the default). Chat content parts other than text
+(images, audio) reach the engine as sent; the router routes on the text the engine's
+template makes of the messages.
 """
 
 from __future__ import annotations
@@ -52,18 +57,20 @@ class RequestError(Exception):
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    # the router reads these; every key (these and others) reaches the engine as sent
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
 class _Common(msgspec.Struct, kw_only=True):
     model: Annotated[str, Meta(min_length=1, max_length=256)]
-    stream: bool = False
+    # null is the default for these, as OpenAI's API takes it
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: Count | None = None
-    n: Annotated[int, Meta(ge=1, le=128)] = 1
+    n: Annotated[int, Meta(ge=1, le=128)] | None = 1
     best_of: Count | None = None
-    use_beam_search: bool = False
+    use_beam_search: bool | None = False
     # foretoken's own (never forwarded)
     max_queue_wait_s: float | None = None
     already_waited_s: float | None = None
@@ -74,7 +81,7 @@ class _Common(msgspec.Struct, kw_only=True):
 
 class CompletionBody(_Common, kw_only=True):
     prompt: str | list[str | TokenId | list[TokenId]]
-    echo: bool = False
+    echo: bool | None = False
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -94,10 +101,12 @@ class ChatBody(_Common, kw_only=True):
 
 Body = CompletionBody | ChatBody
 _raw = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
 _completion = msgspec.json.Decoder(CompletionBody)
 _chat = msgspec.json.Decoder(ChatBody)
 _encoder = msgspec.json.Encoder()
 _STREAM_ON = msgspec.Raw(b"true")
+_raw_options = msgspec.json.Decoder(dict[str, msgspec.Raw] | None)
 
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -151,12 +160,16 @@ def decode_openai(raw: bytes, chat: bool, max_output_tokens: int) -> Decoded:
     try:
         body: Body = _chat.decode(raw) if chat else _completion.decode(raw)
         fields = _raw.decode(raw)
+        given = fields.get("stream_options")  # its keys as sent (a raw value is not checked)
+        options = _raw_options.decode(given) if given is not None else None
+        if isinstance(body, CompletionBody) and _batch_of_one(body.prompt):
+            fields["prompt"] = _raw_list.decode(fields["prompt"])[0]  # the engine gets it
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
     _check_common(body, max_output_tokens)
     text, ids = (_chat_text(body), None) if isinstance(body, ChatBody) else _prompt(body)
-    usage = body.stream_options is not None and body.stream_options.include_usage
-    upstream = upstream_body(fields, body.stream_options)
+    usage = body.stream_options is not None and bool(body.stream_options.include_usage)
+    upstream = upstream_body(fields, options)
     return Decoded(body=body, chat=chat, text=text, token_ids=ids, upstream=upstream,
                    wants_usage=usage)  # fmt: skip
 
@@ -171,7 +184,7 @@ def _check_common(body: Body, max_output_tokens: int) -> None:
             "engine (to measure the first token), and beam search cannot stream",
             param="use_beam_search",
         )  # fmt: skip
-    if body.best_of is not None and body.best_of != body.n:
+    if body.best_of is not None and body.best_of != (body.n or 1):
         raise RequestError(
             "best_of other than n is not supported by this router: it streams every answer "
             "from the engine (to measure the first token), and best_of cannot stream",
@@ -184,9 +197,14 @@ def _check_common(body: Body, max_output_tokens: int) -> None:
                                "(router.max_output_tokens)", param=name)  # fmt: skip
 
 
+def _batch_of_one(prompt: str | list[Any]) -> bool:
+    """A list holding one string or one list of token ids (lm-eval sends ``[[ids]]``)."""
+    return isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int)
+
+
 def _prompt(body: CompletionBody) -> tuple[str | None, np.ndarray | None]:
     prompt: str | list[Any] = body.prompt
-    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+    if _batch_of_one(prompt):
         prompt = prompt[0]  # a batch of one: a string or a list of token ids
     if isinstance(prompt, str):
         if not prompt:
@@ -203,20 +221,26 @@ def _prompt(body: CompletionBody) -> tuple[str | None, np.ndarray | None]:
 
 
 def _chat_text(body: ChatBody) -> str:
-    def text(content: str | list[ContentPart] | None) -> str:
+    """The transcript the engine's template makes of the messages: their text parts (other
+    parts — images, audio — go to the engine as sent and carry no text here)."""
+
+    def text(i: int, content: str | list[ContentPart] | None) -> str:
         if content is None or isinstance(content, str):
             return content or ""
+        for j, part in enumerate(content):
+            if part.type == "text" and part.text is None:
+                where = f"messages[{i}].content[{j}].text"
+                raise RequestError(f"{where} is required (a text part's text)", param=where)
         return "".join(p.text or "" for p in content)
 
-    return transcript((m.role, text(m.content)) for m in body.messages)
+    return transcript((m.role, text(i, m.content)) for i, m in enumerate(body.messages))
 
 
-def upstream_body(fields: dict[str, msgspec.Raw], options: StreamOptions | None) -> bytes:
-    """The client's fields, untouched, minus foretoken's own; streaming with usage."""
+def upstream_body(fields: dict[str, msgspec.Raw],
+                  options: dict[str, msgspec.Raw] | None = None) -> bytes:  # fmt: skip
+    """The client's fields, untouched, minus foretoken's own; streaming, with usage asked
+    for (the client's other ``stream_options`` keys kept as sent)."""
     out: dict[str, Any] = {k: v for k, v in fields.items() if k not in FORETOKEN_FIELDS}
     out["stream"] = _STREAM_ON
-    upstream_options: dict[str, bool] = {"include_usage": True}
-    if options is not None and options.continuous_usage_stats:
-        upstream_options["continuous_usage_stats"] = True
-    out["stream_options"] = upstream_options
+    out["stream_options"] = (options or {}) | {"include_usage": _STREAM_ON}
     return _encoder.encode(out)

@@ -1,0 +1,129 @@
+"""The HTTP edge every handler shares: which API's shape an answer takes, the body read
+(media type, encoding, size, read timeout), the request id on every answer, and an engine's
+own refusal restated in the caller's error shape.
+
+* Shape: ``/v1/messages*`` is Anthropic's; ``/v1/chat/completions`` and ``/v1/completions``
+  are OpenAI's; the endpoints both SDKs call (``/v1/models[/{id}]``, an unknown path) answer
+  errors in Anthropic's shape when the request carries ``anthropic-version`` (the Anthropic
+  SDK always sends it), else in OpenAI's.
+* Body: JSON only. A ``Content-Type`` that names another format (msgpack, multipart) is a
+  415 naming it; none at all, ``application/octet-stream`` (raw bytes), ``text/plain`` or
+  ``application/x-www-form-urlencoded`` (``curl -d``'s default) is read as JSON (a body that
+  is not JSON is then a 400). A compressed body is a 415 too (never inflated).
+* Request id: every answer carries one — ``x-request-id`` (what the OpenAI SDK reads) and,
+  for Anthropic's shape, ``request-id`` — the router's own for a routed request, else the
+  client's ``x-request-id`` when it is usable text, else a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+from foretoken.adapters.http.router import errors
+from foretoken.adapters.http.router.errors import anthropic_shape
+from foretoken.adapters.http.router.proxy import Measured
+from foretoken.adapters.http.router.requests import RequestError
+from foretoken.adapters.http.router.routing import is_text
+from foretoken.settings import Settings
+
+_json = msgspec.json.Decoder()
+
+
+# Types that say nothing reliable of the format: raw bytes (aiohttp and other clients),
+# and what ``curl -d`` and simple clients send by default; the body is read as JSON.
+_LENIENT: frozenset[str] = frozenset({
+    "application/json", "application/octet-stream", "application/x-www-form-urlencoded",
+    "text/plain",
+})  # fmt: skip
+
+
+def _json_media_type(value: str) -> bool:
+    """JSON, or a type that says nothing reliable of the format (``_LENIENT``)."""
+    media = value.split(";", 1)[0].strip().lower()
+    return media in _LENIENT or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def read_body(request: web.Request, settings: Settings) -> bytes:
+    """The request's JSON body: a 415 for another media type or a compressed body, a 413
+    over ``router.max_body_bytes`` (from the declared length, before reading), a 408 when it
+    does not arrive within ``router.body_read_timeout_s``."""
+    cfg = settings.router
+    declared = request.headers.get("Content-Type")
+    if declared is not None and declared.strip() and not _json_media_type(declared):
+        raise RequestError(f"the body must be JSON (Content-Type: application/json), not "
+                           f"{declared.strip()[:64]!r}", status=415)  # fmt: skip
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise RequestError(f"request bodies are taken uncompressed (Content-Encoding: "
+                           f"{encoding[:32]!r})", status=415)  # fmt: skip
+    if request.content_length is not None and request.content_length > cfg.max_body_bytes:
+        raise RequestError(f"the body ({request.content_length} bytes) is over the limit of "
+                           f"{cfg.max_body_bytes} (router.max_body_bytes)", status=413)  # fmt: skip
+    try:
+        if request.content.is_eof():  # all of it came with the head: nothing to wait for
+            return await request.read()
+        async with asyncio.timeout(cfg.body_read_timeout_s):
+            return await request.read()
+    except (RequestPayloadError, HttpProcessingError, ConnectionResetError) as exc:
+        raise RequestError(f"the body could not be read: {exc}") from exc
+    except TimeoutError as exc:
+        message = f"the body did not arrive within {cfg.body_read_timeout_s:g} s"
+        raise RequestError(f"{message} (router.body_read_timeout_s)", status=408,
+                           kind="timeout") from exc  # fmt: skip
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise RequestError(f"the body is over the limit of {cfg.max_body_bytes} bytes "
+                           "(router.max_body_bytes)", status=413) from exc  # fmt: skip
+
+
+@web.middleware
+async def request_ids(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A request id on every answer that has none yet (refusals before routing, aiohttp's
+    own 404/405): the SDKs show it in their errors (``x-request-id``, ``request-id``)."""
+    response = await handler(request)
+    if response.prepared:
+        return response  # a stream: its headers went out with the router's id
+    rid = response.headers.get("x-request-id") or response.headers.get("request-id")
+    if rid is None:
+        given = request.headers.get("x-request-id")
+        rid = given if given and len(given) <= 256 and is_text(given) else uuid.uuid4().hex
+    response.headers.setdefault("x-request-id", rid)
+    if anthropic_shape(request):
+        response.headers.setdefault("request-id", rid)
+    return response
+
+
+def engine_refusal(m: Measured, anthropic: bool, request_id: str) -> web.Response:
+    """The engine refused before streaming: its status (a 5xx becomes 502) and its message,
+    restated in the caller's error shape (an engine may answer TGI's ``{"error": "…"}`` or
+    vLLM's top-level ``{"object": "error", …}``); its own type, param and code are kept for
+    an OpenAI caller."""
+    status = m.engine_status if 400 <= m.engine_status < 500 else 502
+    message = m.error or f"engine answered {m.engine_status}"
+    if status == 502:
+        message = f"engine answered {m.engine_status}: {message}"
+    headers = {"x-request-id": request_id}
+    if anthropic:
+        return errors.anthropic_error(status, message, request_id, headers | {
+            "request-id": request_id})  # fmt: skip
+    kind, param, code = ("api_error" if status == 502 else "invalid_request_error"), None, None
+    try:
+        doc = _json.decode(m.engine_body)
+    except (msgspec.DecodeError, RecursionError):
+        doc = None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    detail = err if isinstance(err, dict) else doc if isinstance(doc, dict) else {}
+    if status != 502:
+        given_kind, given_param, given_code = (detail.get(k) for k in ("type", "param", "code"))
+        kind = given_kind if isinstance(given_kind, str) else kind
+        param = given_param if isinstance(given_param, str) else None
+        code = given_code if isinstance(given_code, (str, int)) else None
+    return errors.openai_error(status, message, kind, code, param, headers)

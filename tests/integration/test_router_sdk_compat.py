@@ -1,0 +1,357 @@
+"""The router driven by the official openai and anthropic SDKs (and raw HTTP) with
+unusual-but-valid requests: what each SDK and the benchmark tools send reaches the engine
+untouched or is refused with a 4xx in the API's own shape, the streamed and whole answers
+have the shapes the SDKs parse, and every error (404, 405, 415, bad JSON, empty body, a
+wrong key) is in the shape of the API called, with a request id. Real router processes and
+broker; the engines are the stub (which can echo the body it got) and, last, the simulated
+fleet (cached tokens in the usage)."""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from foretoken.adapters.processes import foretoken_cmd, spawn, stop, wait_http
+from foretoken.settings import Settings
+from tests.conftest import free_port
+from tests.integration.stub_router import MODEL, StubRouter, stub_engines, stub_router
+
+pytestmark = pytest.mark.integration
+ECHO = "__stub_echo_body__"
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with stub_engines(tmp_path_factory.mktemp("stub")) as path:
+        yield path
+
+
+@pytest.fixture(scope="module")
+def router(
+    kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory, engines: Path
+) -> Iterator[StubRouter]:
+    with stub_router(kafka_settings, tmp_path_factory.mktemp("router"), engines) as r:
+        yield r
+    assert "Traceback" not in r.log_text()
+
+
+def _openai(url: str, key: str = "k") -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+
+
+def _anthropic(url: str, key: str = "k") -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
+
+
+def _sent(text: str | None) -> dict[str, Any]:
+    """The body the stub engine got, from the text it answered."""
+    return dict(json.loads(text or "{}"))
+
+
+# ---------------------------------------------------------------------------- OpenAI
+
+
+def test_openai_chat_fields_reach_the_engine(router: StubRouter) -> None:
+    messages: list[Any] = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "name": "bob", "content": [{"type": "text", "text": ECHO}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]  # fmt: skip
+    tools: list[Any] = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    reply = _openai(router.url).chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=3, seed=7, stop="END",
+        user="u-1", metadata={"k": "v"}, parallel_tool_calls=False, tools=tools,
+        tool_choice="auto", response_format={"type": "json_object"}, logprobs=True,
+        top_logprobs=2, temperature=0.0,
+    )  # fmt: skip
+    assert reply.object == "chat.completion" and reply.id and reply.created >= 0
+    assert reply.model == MODEL and reply.choices[0].message.role == "assistant"
+    sent = _sent(reply.choices[0].message.content)
+    assert sent["messages"] == messages and sent["max_completion_tokens"] == 3
+    assert sent["seed"] == 7 and sent["stop"] == "END" and sent["user"] == "u-1"
+    assert sent["metadata"] == {"k": "v"} and sent["parallel_tool_calls"] is False
+    assert sent["tools"] == tools and sent["response_format"] == {"type": "json_object"}
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 2
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("include_usage", [True, False, None])
+def test_the_usage_chunk_comes_only_when_asked(
+    router: StubRouter, include_usage: bool | None
+) -> None:
+    options: Any = {} if include_usage is None else {"stream_options": {
+        "include_usage": include_usage}}  # fmt: skip
+    chunks = list(_openai(router.url).chat.completions.create(
+        model=MODEL, max_tokens=2, stream=True, messages=[{"role": "user", "content": "hi"}],
+        **options,
+    ))  # fmt: skip
+    # (the stub's usage event says "text_completion": the engine's bytes pass through)
+    assert all(c.object == "chat.completion.chunk" for c in chunks if c.choices)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    usage = [c for c in chunks if c.usage is not None]
+    if include_usage:
+        assert len(usage) == 1 and usage[0] is chunks[-1] and not chunks[-1].choices
+    else:
+        assert not usage
+
+
+def test_every_choice_of_n_starts_with_the_role(router: StubRouter) -> None:
+    chunks = [c for c in _openai(router.url).chat.completions.create(
+        model=MODEL, max_tokens=1, n=2, stream=True,
+        messages=[{"role": "user", "content": ECHO}],
+    ) if c.choices]  # fmt: skip
+    first: dict[int, str | None] = {}
+    for c in chunks:
+        first.setdefault(c.choices[0].index, c.choices[0].delta.role)
+    assert first == {0: "assistant", 1: "assistant"}
+
+
+def test_completion_prompts_in_every_shape(router: StubRouter) -> None:
+    c = _openai(router.url)
+    for prompt in ("hello", ["hello"], [16, 17, 18], [[16, 17, 18]]):
+        reply = c.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+        assert reply.object == "text_completion" and reply.choices[0].text == " tok tok"
+    sent = _sent(c.completions.create(
+        model=MODEL, prompt=[ECHO], max_tokens=1, echo=True, logprobs=1, suffix="!", best_of=1,
+    ).choices[0].text)  # fmt: skip
+    assert sent["prompt"] == ECHO and sent["echo"] is True and sent["logprobs"] == 1
+    assert sent["suffix"] == "!" and sent["best_of"] == 1
+    for bad, param in (([[1, 2], [3]], "prompt"), (["a", "b"], "prompt")):
+        with pytest.raises(openai.BadRequestError) as info:
+            c.completions.create(model=MODEL, prompt=bad, max_tokens=1)
+        assert info.value.body["param"] == param  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        c.completions.create(model=MODEL, prompt="x", max_tokens=1, best_of=3)
+
+
+def test_nulls_where_openai_takes_them(router: StubRouter) -> None:
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "n": None, "stream": None,
+            "echo": None, "stream_options": None, "logprobs": None, "stop": None}  # fmt: skip
+    answer = httpx.post(router.url + "/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] == " tok"
+
+
+# ---------------------------------------------------------------------------- Anthropic
+
+
+def test_anthropic_fields_reach_the_engine_and_the_answer_has_its_shape(
+    router: StubRouter,
+) -> None:
+    a = _anthropic(router.url)
+    m = a.messages.create(
+        model=MODEL, max_tokens=2,
+        system=[{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+        messages=[{"role": "user", "content": [
+            {"type": "text", "text": ECHO, "cache_control": {"type": "ephemeral"}}]}],
+        stop_sequences=["END"], metadata={"user_id": "u-9"},
+        extra_body={"temperature": 0.3, "top_p": 0.8, "top_k": 4},  # not in this SDK's create
+    )  # fmt: skip
+    assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
+    assert m.model == MODEL and m.stop_reason in ("end_turn", "max_tokens")
+    block = m.content[0]
+    assert block.type == "text"
+    sent = _sent(block.text)
+    assert sent["messages"] == [{"role": "system", "content": "sys"},
+                                {"role": "user", "content": ECHO}]  # fmt: skip
+    assert sent["stop"] == ["END"] and sent["user"] == "u-9" and sent["top_k"] == 4
+    assert sent["temperature"] == 0.3 and sent["top_p"] == 0.8 and sent["max_tokens"] == 2
+    extras: list[dict[str, Any]] = [{"tools": []}, {"thinking": {"type": "disabled"}}]
+    for extra in extras:
+        assert a.messages.create(model=MODEL, max_tokens=1, messages=[
+            {"role": "user", "content": "x"}], extra_body=extra).content  # fmt: skip
+    with pytest.raises(anthropic.BadRequestError) as info:
+        a.messages.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "AA=="}}]}])  # fmt: skip
+    assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert info.value.request_id
+    with pytest.raises(anthropic.BadRequestError, match=r"metadata\.plan"):
+        a.messages.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "x"}],
+                          extra_body={"metadata": {"user_id": "u", "plan": "x"}})  # fmt: skip
+
+
+def test_anthropic_stream_events_in_order(router: StubRouter) -> None:
+    body = {"model": MODEL, "max_tokens": 2, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    for headers in ({"anthropic-version": "2023-06-01", "x-api-key": "k"}, {}):
+        with httpx.stream("POST", router.url + "/v1/messages", json=body, headers=headers,
+                          timeout=30) as resp:  # fmt: skip
+            assert resp.status_code == 200 and resp.headers["request-id"]
+            raw = resp.read().decode()
+        events = [e for e in raw.split("\n\n") if e.strip()]
+        names = [e.split("\n")[0].removeprefix("event: ") for e in events]
+        assert names == ["message_start", "content_block_start", "ping", "content_block_delta",
+                         "content_block_delta", "content_block_stop", "message_delta",
+                         "message_stop"]  # fmt: skip
+        delta = json.loads(events[-2].split("data: ", 1)[1])
+        assert (
+            delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 2
+        )
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def _raw(url: str, method: str, path: str, content: bytes | None = None,
+         headers: dict[str, str] | None = None) -> httpx.Response:  # fmt: skip
+    return httpx.request(method, url + path, content=content, headers=headers, timeout=30)
+
+
+def _check_shape(resp: httpx.Response, anthropic_shape: bool, status: int, kind: str) -> None:
+    assert resp.status_code == status, resp.text
+    doc = resp.json()
+    assert resp.headers["x-request-id"]
+    if anthropic_shape:
+        assert doc["type"] == "error" and doc["error"]["type"] == kind and doc["error"]["message"]
+        assert resp.headers["request-id"]
+    else:
+        assert set(doc["error"]) == {"message", "type", "param", "code"}
+        assert doc["error"]["type"] == kind and doc["error"]["message"]
+
+
+BODIES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}]},
+    "/v1/completions": {"prompt": "x"},
+    "/v1/messages": {"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+    "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "x"}]},
+}
+
+
+def test_errors_are_in_the_shape_of_the_api_called(router: StubRouter) -> None:
+    json_ct = {"Content-Type": "application/json"}
+    version = {"anthropic-version": "2023-06-01"}
+    for path, anth in (("/v1/chat/completions", False), ("/v1/completions", False),
+                       ("/v1/messages", True), ("/v1/messages/count_tokens", True)):  # fmt: skip
+        _check_shape(_raw(router.url, "GET", path), anth, 405, "invalid_request_error")
+        _check_shape(_raw(router.url, "POST", path, b"{bad", json_ct), anth, 400,
+                     "invalid_request_error")  # fmt: skip
+        _check_shape(_raw(router.url, "POST", path, b"", json_ct), anth, 400,
+                     "invalid_request_error")  # fmt: skip
+        fields = BODIES[path]
+        body = json.dumps({"model": MODEL, **fields}).encode()
+        xml = {"Content-Type": "application/xml"}
+        _check_shape(_raw(router.url, "POST", path, body, xml), anth,
+                     415, "invalid_request_error")  # fmt: skip
+        nope = json.dumps({"model": "nope", **fields}).encode()
+        missing = _raw(router.url, "POST", path, nope, json_ct)
+        _check_shape(missing, anth, 404, "not_found_error" if anth else "invalid_request_error")
+        if not anth:
+            assert missing.json()["error"]["code"] == "model_not_found"
+    _check_shape(_raw(router.url, "GET", "/v1/models/nope"), False, 404, "invalid_request_error")
+    _check_shape(_raw(router.url, "GET", "/v1/models/nope", headers=version), True, 404,
+                 "not_found_error")  # fmt: skip
+    _check_shape(_raw(router.url, "POST", "/v1/nothing"), False, 404, "invalid_request_error")
+    _check_shape(_raw(router.url, "POST", "/v1/nothing", headers=version), True, 404,
+                 "not_found_error")  # fmt: skip
+    given = _raw(router.url, "POST", "/v1/completions", b"{", {**json_ct, "x-request-id": "mine"})
+    assert given.headers["x-request-id"] == "mine"
+    with pytest.raises(openai.NotFoundError) as info:
+        _openai(router.url).chat.completions.create(
+            model="nope", max_tokens=1, messages=[{"role": "user", "content": "x"}]
+        )
+    assert info.value.code == "model_not_found" and info.value.request_id
+    with pytest.raises(anthropic.NotFoundError):
+        _anthropic(router.url).models.retrieve("nope")
+
+
+def test_keys_in_either_header(kafka_settings: Settings, engines: Path, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("sk-good\n")
+    with stub_router(
+        kafka_settings, tmp_path, engines, FORETOKEN_ROUTER_API_KEYS_FILE=str(keys)
+    ) as r:
+        body: Any = {"model": MODEL, "max_tokens": 1,
+                     "messages": [{"role": "user", "content": "x"}]}  # fmt: skip
+        for headers in ({"x-api-key": "sk-good", "Authorization": "Bearer engine-key"},
+                        {"x-api-key": "junk", "Authorization": "Bearer sk-good"},
+                        {"Authorization": "bearer sk-good"}):  # fmt: skip
+            assert httpx.post(r.url + "/v1/messages", json=body, headers=headers,
+                              timeout=30).status_code == 200  # fmt: skip
+        assert _anthropic(r.url, "sk-good").messages.create(**body).content
+        assert _openai(r.url, "sk-good").models.list().data
+        _check_shape(_raw(r.url, "GET", "/v1/models"), False, 401, "authentication_error")
+        _check_shape(_raw(r.url, "GET", "/v1/models", headers={"anthropic-version": "2023-06-01"}),
+                     True, 401, "authentication_error")  # fmt: skip
+        with pytest.raises(anthropic.AuthenticationError):
+            _anthropic(r.url, "bad").messages.create(**body)
+        with pytest.raises(openai.AuthenticationError):
+            _openai(r.url, "bad").chat.completions.create(**body)
+
+
+# ---------------------------------------------------------------------------- simulated fleet
+
+
+@pytest.fixture(scope="module")
+def fleet_router(
+    kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """The small simulated fleet and a router deciding alone (no route service): the
+    fallback sends sequential requests to the same idle engine, so a prompt sent twice hits
+    its prefix cache."""
+    tmp = tmp_path_factory.mktemp("sim")
+    env = {"FORETOKEN_TOPIC_PREFIX": kafka_settings.topic_prefix,
+           "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.kafka.bootstrap_servers}  # fmt: skip
+    engines_file = tmp / "engines.toml"
+    fleet = spawn(foretoken_cmd("fleet", "run", "small", "--base-port", "0", "--kv-base-port",
+                                "0", "--engines-out", str(engines_file)), env,
+                  tmp / "fleet.log")  # fmt: skip
+    router = None
+    try:
+        deadline = time.monotonic() + 60
+        while not engines_file.exists():
+            assert fleet.poll() is None and time.monotonic() < deadline, "no fleet"
+            time.sleep(0.1)
+        model = tomllib.loads(engines_file.read_text())["engines"][0]["model"]
+        port = free_port()
+        router = spawn(foretoken_cmd("router", "-e", str(engines_file), "--port", str(port)),
+                       {**env, "FORETOKEN_ROUTE_URL": f"http://127.0.0.1:{free_port()}"},
+                       tmp / "router.log")  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/healthz", 60, router)
+        yield url, model
+    finally:
+        if router is not None:
+            stop(router)
+        stop(fleet)
+
+
+def test_the_sdks_against_the_simulated_fleet(fleet_router: tuple[str, str]) -> None:
+    url, model = fleet_router
+    c = _openai(url)
+    messages: Any = [{"role": "system", "content": "word " * 300},
+                     {"role": "user", "content": "hi"}]  # fmt: skip
+    first = c.chat.completions.create(model=model, messages=messages, max_tokens=2)
+    details = first.usage.prompt_tokens_details if first.usage else None
+    assert details is not None and details.cached_tokens == 0  # a miss says 0
+    again = list(c.chat.completions.create(
+        model=model, messages=messages, max_tokens=2, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    usage = again[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert (usage.prompt_tokens_details.cached_tokens or 0) > 0  # the same engine's cache
+    assert again[0].choices[0].delta.role == "assistant"
+    assert c.completions.create(model=model, prompt=[[5, 6, 7, 8]], max_tokens=2).choices
+    a = _anthropic(url)
+    m = a.messages.create(model=model, max_tokens=2, system=messages[0]["content"],
+                          messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert m.usage.output_tokens == 2 and (m.usage.cache_read_input_tokens or 0) > 0
+    with a.messages.stream(model=model, max_tokens=3,
+                           messages=[{"role": "user", "content": "hello"}]) as s:  # fmt: skip
+        assert len(list(s.text_stream)) == 3
+        assert s.get_final_message().usage.output_tokens == 3
+    counted = a.messages.count_tokens(model=model, system=messages[0]["content"],
+                                      messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert counted.input_tokens == m.usage.input_tokens  # what was routed is what is counted

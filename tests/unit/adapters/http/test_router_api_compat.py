@@ -1,0 +1,314 @@
+"""The router's compatibility with what the official openai and anthropic SDKs and the
+benchmark tools send, without a server: nulls where OpenAI's API takes them, stream options
+kept, a batch of one (lm-eval's ``[[ids]]``) sent as its prompt, text parts without text
+refused, Anthropic fields that are not handled refused (never dropped) and the ones that ask
+for nothing taken; the role on every choice's first streamed delta, the usage's cached
+tokens, an assembled answer that keeps what the engine said, an engine's refusal in the
+caller's shape, and the body's media type."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from foretoken.adapters.http.router.anthropic import decode_count_tokens, decode_messages
+from foretoken.adapters.http.router.edge import engine_refusal, read_body
+from foretoken.adapters.http.router.errors import anthropic_kind, anthropic_shape
+from foretoken.adapters.http.router.proxy import Collected, Measured, OpenAIStream, read_chunk
+from foretoken.adapters.http.router.requests import RequestError, decode_openai
+from foretoken.settings import load_settings
+
+LIMIT = 1000
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _chat(**fields: Any) -> bytes:
+    return msgspec.json.encode({"model": "m", "messages": USER, **fields})
+
+
+# ---------------------------------------------------------------------------- OpenAI bodies
+
+
+@pytest.mark.parametrize("name", ["n", "stream", "echo", "use_beam_search", "stream_options"])
+def test_null_is_the_default_where_openai_takes_it(name: str) -> None:
+    raw = msgspec.json.encode({"model": "m", "prompt": "hi", name: None})
+    d = decode_openai(raw, chat=False, max_output_tokens=LIMIT)
+    assert not d.wants_usage and json.loads(d.upstream)["stream"] is True
+    if name == "n":
+        assert d.body.n is None and name in json.loads(d.upstream)  # passed on as sent
+
+
+def test_stream_options_keys_reach_the_engine_and_usage_only_when_asked() -> None:
+    options = {"include_usage": False, "include_obfuscation": False, "continuous_usage_stats": True}
+    d = decode_openai(
+        _chat(stream=True, stream_options=options), chat=True, max_output_tokens=LIMIT
+    )
+    sent = json.loads(d.upstream)["stream_options"]
+    assert sent == {**options, "include_usage": True} and not d.wants_usage
+    d = decode_openai(_chat(stream=True, stream_options={"include_usage": True}), chat=True,
+                      max_output_tokens=LIMIT)  # fmt: skip
+    assert d.wants_usage
+    d = decode_openai(_chat(stream=True), chat=True, max_output_tokens=LIMIT)
+    assert not d.wants_usage and json.loads(d.upstream)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("prompt", "sent"), [([[5, 6, 7]], [5, 6, 7]), (["hello"], "hello"), ([5, 6], [5, 6])]
+)
+def test_a_batch_of_one_reaches_the_engine_as_its_prompt(prompt: Any, sent: Any) -> None:
+    raw = msgspec.json.encode({"model": "m", "prompt": prompt, "max_tokens": 1, "echo": True,
+                               "logprobs": 1})  # fmt: skip
+    up = json.loads(decode_openai(raw, chat=False, max_output_tokens=LIMIT).upstream)
+    assert up["prompt"] == sent and up["echo"] is True and up["logprobs"] == 1
+
+
+def test_a_batch_of_several_prompts_is_refused() -> None:
+    with pytest.raises(RequestError) as info:
+        decode_openai(b'{"model":"m","prompt":[[1],[2]]}', chat=False, max_output_tokens=LIMIT)
+    assert info.value.param == "prompt" and "batch" in info.value.message
+
+
+def test_chat_fields_reach_the_engine_untouched() -> None:
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "name": "bob", "content": [{"type": "text", "text": "hi"},
+                                                    {"type": "image_url",
+                                                     "image_url": {"url": "data:x"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]  # fmt: skip
+    fields = {
+        "messages": messages, "max_completion_tokens": 7, "seed": 3, "stop": ["a", "b"],
+        "user": "u", "metadata": {"k": "v"}, "parallel_tool_calls": False, "logprobs": True,
+        "top_logprobs": 2, "response_format": {"type": "json_object"}, "n": 2,
+        "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+    }  # fmt: skip
+    d = decode_openai(_chat(**fields), chat=True, max_output_tokens=LIMIT)
+    up = json.loads(d.upstream)
+    assert {k: up[k] for k in fields} == fields and d.max_output_tokens == 7
+    assert d.text is not None and "<|developer|> be brief" in d.text and "hi" in d.text
+
+
+def test_bad_bytes_in_stream_options_are_a_400() -> None:
+    raw = (b'{"model":"m","prompt":"x","stream":true,'
+           b'"stream_options":{"in\xac\xe6clude_usage":true}}')  # fmt: skip
+    with pytest.raises(RequestError) as info:
+        decode_openai(raw, chat=False, max_output_tokens=LIMIT)
+    assert info.value.status == 400
+
+
+def test_a_text_part_without_text_is_named() -> None:
+    raw = _chat(messages=[{"role": "user", "content": [{"type": "text"}]}])
+    with pytest.raises(RequestError) as info:
+        decode_openai(raw, chat=True, max_output_tokens=LIMIT)
+    assert info.value.param == "messages[0].content[0].text"
+
+
+# ---------------------------------------------------------------------------- Anthropic
+
+
+def _messages(**fields: Any) -> bytes:
+    return msgspec.json.encode({"model": "m", "max_tokens": 5, "messages": USER, **fields})
+
+
+def test_anthropic_cache_control_and_sampling_are_taken() -> None:
+    system = [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]
+    content = [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]
+    body, _, upstream = decode_messages(_messages(
+        system=system, messages=[{"role": "user", "content": content}], stop_sequences=["x"],
+        metadata={"user_id": "u1"}, temperature=0.5, top_p=0.9, top_k=5, stream=None,
+    ))  # fmt: skip
+    up = json.loads(upstream)
+    assert up["messages"] == [{"role": "system", "content": "sys"},
+                              {"role": "user", "content": "hi"}]  # fmt: skip
+    assert up["stop"] == ["x"] and up["user"] == "u1" and up["top_k"] == 5
+    assert up["temperature"] == 0.5 and up["top_p"] == 0.9 and not body.stream
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": []},
+        {"tool_choice": {"type": "none"}},
+        {"thinking": {"type": "disabled"}},
+        {"mcp_servers": []},
+    ],
+)
+def test_anthropic_options_that_ask_for_nothing_are_taken(fields: dict[str, Any]) -> None:
+    decode_messages(_messages(**fields))
+    decode_count_tokens(msgspec.json.encode({"model": "m", "messages": USER, **fields}))
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"metadata": {"user_id": "u", "tier": 1}}, "metadata.tier"),
+        ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages[0].name"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "foo": 1}]}]},
+         "messages[0].content[0].foo"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x",
+                                                     "source": {}}]}]},
+         "messages[0].content[0].source"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+         "messages[0].content[0].type"),
+        ({"messages": [{"role": "user", "content": [{"type": "tool_result",
+                                                     "tool_use_id": "t", "content": "x"}]}]},
+         "messages[0].content[0].type"),
+        ({"system": [{"type": "text", "text": "s", "citations": [{}]}]}, "system[0].citations"),
+        ({"tools": [{"name": "t", "input_schema": {}}]}, "tools"),
+        ({"tool_choice": {"type": "auto"}}, "tool_choice"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ],
+)  # fmt: skip
+def test_anthropic_fields_not_handled_are_refused(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestError) as info:
+        decode_messages(_messages(**fields))
+    assert info.value.status == 400 and param in info.value.message
+
+
+# ---------------------------------------------------------------------------- relays
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.data = b""
+
+    async def write(self, data: bytes) -> None:
+        self.data += data
+
+
+def _events(sink: _Sink) -> list[dict[str, Any]]:
+    out = []
+    for event in sink.data.decode().split("\n\n"):
+        if event.startswith("data: ") and event != "data: [DONE]":
+            out.append(json.loads(event[6:]))
+    return out
+
+
+def _chunk(index: int, delta: dict[str, Any]) -> bytes:
+    return msgspec.json.encode({"object": "chat.completion.chunk",
+                                "choices": [{"index": index, "delta": delta}]})  # fmt: skip
+
+
+async def test_every_choice_s_first_delta_has_the_role() -> None:
+    sink = _Sink()
+    stream = OpenAIStream(None, sink, chat=True, wants_usage=False, n=2)  # type: ignore[arg-type]
+    payloads = [_chunk(0, {"content": "a"}), _chunk(0, {"content": "b"}),
+                _chunk(1, {"content": "c"}), _chunk(1, {"content": "d"})]  # fmt: skip
+    await stream.send([(p, None) for p in payloads])
+    roles = [
+        (e["choices"][0]["index"], e["choices"][0]["delta"].get("role")) for e in _events(sink)
+    ]
+    assert roles == [(0, "assistant"), (0, None), (1, "assistant"), (1, None)]
+    assert not stream.role_pending
+
+
+async def test_usage_says_zero_cached_tokens_for_an_engine_that_reports_them() -> None:
+    usage = b'{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1}}'
+    for reports, expected in ((True, {"cached_tokens": 0}), (False, None)):
+        sink = _Sink()
+        stream = OpenAIStream(None, sink, chat=True, wants_usage=True,  # type: ignore[arg-type]
+                              reports_cached=reports)  # fmt: skip
+        await stream.send([(usage, read_chunk(usage))])
+        assert _events(sink)[0]["usage"].get("prompt_tokens_details") == expected
+        collected = Collected(chat=True, reports_cached=reports)
+        await collected.send([(usage, None)])
+        answer = collected.answer("m", "r")
+        assert answer["usage"].get("prompt_tokens_details") == expected
+
+
+async def test_the_assembled_answer_keeps_what_the_engine_said() -> None:
+    collected = Collected(chat=True)
+    events = [
+        b'{"id":"chatcmpl-1","created":5,"model":"m","service_tier":"default","choices":'
+        b'[{"index":0,"delta":{"role":"assistant","reasoning_content":"thinking "}}]}',
+        b'{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"reasoning_content":"more",'
+        b'"content":"hi"}}]}',
+        b'{"id":"chatcmpl-1","choices":[{"index":0,"delta":{},"finish_reason":"stop",'
+        b'"matched_stop":7}]}',
+    ]
+    await collected.send([(e, None) for e in events])
+    answer = collected.answer("m", "r")
+    assert answer["id"] == "chatcmpl-1" and answer["service_tier"] == "default"
+    choice = answer["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "hi",
+                                 "reasoning_content": "thinking more"}  # fmt: skip
+    assert choice["matched_stop"] == 7 and choice["finish_reason"] == "stop"
+    assert Collected(chat=True).answer("m", "r")["id"] == "chatcmpl-r"
+
+
+# ---------------------------------------------------------------------------- edges
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "code"),
+    [
+        (b'{"error":"TGI says no"}', "invalid_request_error", None),
+        (b'{"object":"error","message":"vllm says no","type":"BadRequestError","code":400}',
+         "BadRequestError", 400),
+        (b'{"error":{"message":"it says no","type":"BadRequestError","param":"n","code":"x"}}',
+         "BadRequestError", "x"),
+        (b"not json", "invalid_request_error", None),
+    ],
+)  # fmt: skip
+def test_an_engine_refusal_is_in_the_callers_shape(body: bytes, kind: str, code: Any) -> None:
+    from foretoken.adapters.http.router.proxy import engine_error_message
+
+    m = Measured(status="error", engine_status=400, engine_body=body,
+                 error=engine_error_message(400, body))  # fmt: skip
+    doc = json.loads(engine_refusal(m, False, "rid").body)  # type: ignore[arg-type]
+    assert set(doc["error"]) == {"message", "type", "param", "code"}
+    assert doc["error"]["type"] == kind and doc["error"]["code"] == code
+    assert doc["error"]["message"] == m.error and doc["error"]["param"] in (None, "n")
+    anthropic = engine_refusal(m, True, "rid")
+    adoc = json.loads(anthropic.body)  # type: ignore[arg-type]
+    assert adoc["type"] == "error" and adoc["error"]["type"] == "invalid_request_error"
+    assert anthropic.headers["request-id"] == "rid"
+    m.engine_status = 503
+    assert engine_refusal(m, False, "rid").status == 502
+
+
+def test_anthropic_error_types_and_which_shape() -> None:
+    assert [anthropic_kind(s) for s in (400, 404, 405, 415, 429, 500, 502, 504, 529)] == [
+        "invalid_request_error", "not_found_error", "invalid_request_error",
+        "invalid_request_error", "rate_limit_error", "api_error", "api_error", "timeout_error",
+        "overloaded_error",
+    ]  # fmt: skip
+    version = {"anthropic-version": "2023-06-01"}
+    assert anthropic_shape(make_mocked_request("POST", "/v1/messages/count_tokens"))
+    assert not anthropic_shape(make_mocked_request("GET", "/v1/models"))
+    assert anthropic_shape(make_mocked_request("GET", "/v1/models/x", headers=version))
+    assert not anthropic_shape(make_mocked_request("POST", "/v1/chat/completions",
+                                                   headers=version))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content_type", "ok"),
+    [
+        (None, True),
+        ("application/json", True),
+        ("application/json; charset=utf-8", True),
+        ("Application/JSON", True),
+        ("application/vnd.api+json", True),
+        ("application/octet-stream", True),
+        ("application/msgpack", False),
+        ("text/plain", True),  # curl -d and simple clients: read as JSON
+        ("application/x-www-form-urlencoded", True),
+        ("application/xml", False),
+        ("multipart/form-data; boundary=x", False),
+    ],
+)
+async def test_the_body_must_be_json_by_its_media_type(content_type: str | None, ok: bool) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    request = make_mocked_request("POST", "/v1/completions", headers=headers)
+    if ok:
+        await read_body(request, load_settings(env={}))
+        return
+    with pytest.raises(RequestError) as info:
+        await read_body(request, load_settings(env={}))
+    assert info.value.status == 415 and "application/json" in info.value.message
