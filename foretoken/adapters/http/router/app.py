@@ -491,14 +491,21 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
 # is built here.) Idle keep-alive connections close after KEEPALIVE_S; the rest of a
 # refused body (413, 408) is drained for at most LINGER_S; bodies are never decompressed
 # (``read_body`` refuses a Content-Encoding: a 4 MB gzip body inflates to 4 GB).
+# A connection that has not sent a whole request head within KEEPALIVE_S is closed too
+# (aiohttp ≥ 3.14 arms the keep-alive timer at connect: a half-sent or dribbled head — a
+# slowloris — holds a socket for at most that long; tests/unit/adapters/http/test_head_timeout.py).
 KEEPALIVE_S = 75.0
 LINGER_S = 1.0
 
 
+def make_runner(app: web.Application) -> web.AppRunner:
+    return web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S,
+                         lingering_time=LINGER_S, auto_decompress=False)  # fmt: skip
+
+
 async def _serve_until_signal(app: web.Application, host: str, port: int,
                               reuse_port: bool) -> None:  # fmt: skip
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S,
-                           lingering_time=LINGER_S, auto_decompress=False)  # fmt: skip
+    runner = make_runner(app)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
