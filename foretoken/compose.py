@@ -142,5 +142,6 @@ def build_core(
     core.join = GradingJoin(
         block_size_of=core.block_size_of, timeout_s=settings.join.timeout_s,
         reports_cached_of=core.reports_cached_of, graded_memory=settings.join.graded_memory,
+        max_orphans=settings.join.max_orphans,
     )  # fmt: skip
     return core

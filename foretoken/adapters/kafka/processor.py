@@ -17,6 +17,7 @@ the replicas (docs/ARCHITECTURE.md "Scale-out").
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -243,6 +244,7 @@ class ProcessorState:
             "uptime_s": round(now - self.started_ts, 3),
             "consumed": dict(self.dispatcher.counts),
             "dead_lettered": dict(self.dispatcher.dead),
+            "join": dataclasses.asdict(self.core.join.counters) if self.grading else None,
             "index_snapshots": self.index.snapshots,
             "restored_from_snapshot": self.index.restored_from,
             "lake": self.lake.stats() if self.lake is not None else None,

@@ -9,7 +9,9 @@ sees both sides of a request. Whichever side comes first waits here, keyed by re
   ``first_token`` outcome gives the TTFT;
 * after ``timeout_s`` an admitted grant without a completion is graded with what is known
   (``served`` if its first token came, else ``missing_outcome``); outcomes whose grant never
-  came are dropped and counted;
+  came are dropped and counted — after the timeout, or sooner, oldest first, once more than
+  ``max_orphans`` requests have outcomes and no grant (a flood of outcomes under made-up
+  request ids holds bounded memory);
 * a request id graded once is never graded again (re-delivered records are ignored).
 
 Grades follow PRODUCT.md §4: ``error_s = predicted − actual``; cache disagreement when the
@@ -29,6 +31,7 @@ from foretoken.core.types import GradedRequest, RequestId, RequestOutcome, Route
 
 DEFAULT_TIMEOUT_S = 900.0
 GRADED_MEMORY = 200_000  # request ids remembered as graded, for idempotency
+MAX_ORPHANS = 100_000  # requests with outcomes and no grant yet, held at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +43,15 @@ class JoinConfig:
     # How often the join (and the queue models) expire what waited too long.
     expiry_interval_s: float = 5.0
     graded_memory: int = GRADED_MEMORY
+    max_orphans: int = MAX_ORPHANS
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0 or not self.expiry_interval_s > 0:
             raise ValueError("join timeout_s and expiry_interval_s must be > 0")
         if self.expiry_interval_s > self.timeout_s:
             raise ValueError("join expiry_interval_s must not exceed timeout_s")
-        if self.graded_memory < 1:
-            raise ValueError("join graded_memory must be >= 1")
+        if self.graded_memory < 1 or self.max_orphans < 1:
+            raise ValueError("join graded_memory and max_orphans must be >= 1")
 
 
 @dataclass(slots=True)
@@ -63,6 +67,7 @@ class JoinCounters:
     graded: int = 0
     duplicates: int = 0
     orphan_outcomes: int = 0
+    orphans_evicted: int = 0  # of those, dropped before the timeout (max_orphans)
     timed_out: int = 0
 
 
@@ -73,7 +78,10 @@ class GradingJoin:
     # Whether the worker's engine reports cached tokens at all (its registration says).
     reports_cached_of: ReportsCachedOf = reports_always
     graded_memory: int = GRADED_MEMORY
+    max_orphans: int = MAX_ORPHANS
     pending: dict[RequestId, _Pending] = field(default_factory=dict)
+    # pending requests with outcomes and no grant, oldest first
+    orphans: OrderedDict[RequestId, None] = field(default_factory=OrderedDict)
     done: OrderedDict[RequestId, None] = field(default_factory=OrderedDict)
     counters: JoinCounters = field(default_factory=JoinCounters)
 
@@ -86,6 +94,7 @@ class GradingJoin:
             self.counters.duplicates += 1
             return []
         entry.grant = grant
+        self.orphans.pop(grant.request_id, None)
         if not grant.admitted or entry.completion is not None:
             return [self._finish(grant.request_id)]
         return []
@@ -101,6 +110,13 @@ class GradingJoin:
             entry.completion = entry.completion or outcome
         if entry.completion is not None and entry.grant is not None:
             return [self._finish(outcome.request_id)]
+        if entry.grant is None:
+            self.orphans[outcome.request_id] = None
+            if len(self.orphans) > self.max_orphans:
+                oldest, _ = self.orphans.popitem(last=False)
+                del self.pending[oldest]
+                self.counters.orphan_outcomes += 1
+                self.counters.orphans_evicted += 1
         return []
 
     def expire(self, now_s: float) -> list[GradedRequest]:
@@ -110,6 +126,7 @@ class GradingJoin:
             entry = self.pending[rid]
             if entry.grant is None:
                 del self.pending[rid]
+                self.orphans.pop(rid, None)
                 self.counters.orphan_outcomes += 1
                 continue
             self.counters.timed_out += 1

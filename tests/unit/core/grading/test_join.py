@@ -85,3 +85,17 @@ def test_engine_errors_are_not_graded_as_served() -> None:
     j.on_grant(_grant(), 0)
     (g,) = j.on_outcome(_done(status="error", cached=None), 0)
     assert g.status == "error" and g.error_s is None
+
+
+def test_outcomes_without_a_grant_are_held_within_a_bound_oldest_dropped_first() -> None:
+    j = GradingJoin(block_size_of=lambda w: BLOCK, timeout_s=100.0, max_orphans=3)
+    for i in range(5):  # a flood under made-up ids
+        j.on_outcome(_first(f"x{i}"), 0)
+    assert set(j.pending) == {"x2", "x3", "x4"} and list(j.orphans) == ["x2", "x3", "x4"]
+    assert j.counters.orphan_outcomes == 2 and j.counters.orphans_evicted == 2
+    # a real request whose grant comes late is still joined while it is among the newest
+    j.on_outcome(_first("r1"), 1)
+    j.on_outcome(_done("r1"), 1)
+    (g,) = j.on_grant(_grant("r1"), 2)
+    assert g.status == "served" and "r1" not in j.orphans
+    assert j.expire(200.0) == [] and j.pending == {} and not j.orphans
