@@ -172,6 +172,7 @@ class PredictorPolicy:
         batch = KvBatch(worker_id=worker_id, model=profile.model, seq=seq, ts=t_s,
                         events=tuple(events))  # fmt: skip
         self.core.index.apply(batch, t_s)
+        self.core.service.on_kv_batch(batch, t_s)
         self.counters.kv_batches += 1
         self._maintain(t_s)
 

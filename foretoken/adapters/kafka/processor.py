@@ -43,6 +43,7 @@ from foretoken.wire.records import (
     ControlEvent,
     Graded,
     Grant,
+    KvEventBatch,
     Member,
     Outcome,
     Record,
@@ -97,6 +98,7 @@ class ProcessorState:
         self.dispatcher.on("workers", self.on_worker)
         self.dispatcher.on("workers", self.index.on_worker)
         self.dispatcher.on("kv_events", self.index.on_kv)
+        self.dispatcher.on("kv_events", self.on_kv)
         self.dispatcher.on("grants", self.on_grant)
         self.dispatcher.on("outcomes", self.on_outcome)
         self.dispatcher.on("graded", self.on_graded)
@@ -118,6 +120,11 @@ class ProcessorState:
         else:
             self.registrations[record.worker_id] = record
         self.core.register(record, index=False)  # the index keeper files it in the index
+
+    def on_kv(self, record: Record, pos: Position) -> None:
+        """After the index: a lone prompt's stores time its prefill (core.routing.kv_progress)."""
+        assert isinstance(record, KvEventBatch)
+        self.core.service.on_kv_batch(record, time.time())
 
     def on_grant(self, record: Record, pos: Position) -> list[tuple[str, Record]]:
         assert isinstance(record, Grant)

@@ -61,6 +61,9 @@ class PredictorConfig:
     # when the prefill the queue ahead must still compute exceeds the GPU blocks no running
     # sequence reserves (LRU eviction reaches it first; foretoken.core.routing.predict).
     evict_under_pressure: bool = True
+    # A prompt alone on its worker gives prefill samples before its first token, from the
+    # time stamps of the KV batches that store its blocks (foretoken.core.routing.kv_progress).
+    kv_progress_samples: bool = True
     # Decode samples less the prefill of prompts whose first token came during the
     # request's decode window, dropped below this share of the raw TPOT.
     decode_windows: bool = True

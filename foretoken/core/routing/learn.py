@@ -46,9 +46,11 @@ from foretoken.core.queue.scheduler import CurveStepCost
 from foretoken.core.queue.worker_queue import Outstanding, WorkerQueue
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.fleet import WorkerBook
+from foretoken.core.routing.kv_progress import PrefillProgress
 from foretoken.core.routing.predict import step_cost
 from foretoken.core.types import (
     GradedRequest,
+    KvBatch,
     RequestId,
     RequestOutcome,
     Tier,
@@ -72,6 +74,7 @@ class Learner:
         self.index, self.fits, self.book, self.config = index, fits, book, config
         self.quantiles = quantiles or TtftQuantiles()
         self.tier_costs = tier_costs or TierCosts(config.tier_load_s_per_token)
+        self.progress = PrefillProgress(book)
         # Requests sent with a credit from one lower tier: (worker, tier, its tokens).
         self.tier_credit: OrderedDict[RequestId, tuple[WorkerId, Tier, int]] = OrderedDict()
         # busy-period samples: when each worker last finished a prefill (a first token) or,
@@ -248,6 +251,19 @@ class Learner:
                                   graded.actual_ttft_s, cost.step_overhead_s)  # fmt: skip
             self._feed_chain(wid, profile.config_hash, sample, now_s)
         return True
+
+    def on_kv_batch(self, batch: KvBatch, now_s: float) -> bool:
+        """A worker's KV batch: a partial cold sample while a lone prompt prefills there
+        (:mod:`foretoken.core.routing.kv_progress`); True if it gave one."""
+        progress = self.progress.on_batch(batch) if self.config.kv_progress_samples else None
+        if progress is None:
+            return False
+        profile = progress.profile
+        step_s = step_cost(self.fits, batch.worker_id).step_overhead_s  # nothing else runs
+        sample = alone_sample(profile.scheduler, progress.computed, progress.cached,
+                              progress.seconds, step_s)  # fmt: skip
+        self._feed_chain(batch.worker_id, profile.config_hash, sample, now_s)
+        return sample is not None
 
     def remember_tier(self, rid: RequestId, wid: WorkerId, lower: tuple[Tier, int]) -> None:
         """``rid`` was sent to ``wid`` with ``lower[1]`` tokens credited from tier

@@ -37,6 +37,7 @@ from foretoken.core.routing.learn import Learner
 from foretoken.core.routing.predict import Candidate, Predictions
 from foretoken.core.types import (
     GradedRequest,
+    KvBatch,
     ModelName,
     RejectReason,
     RequestId,
@@ -170,6 +171,10 @@ class RouteService:
             if scale is not None:
                 scale.forget(outcome.request_id)
         self.learner.on_outcome(outcome, now_s)
+
+    def on_kv_batch(self, batch: KvBatch, now_s: float) -> None:
+        """A worker's KV batch, after the index took it: what it says of a prefill's pace."""
+        self.learner.on_kv_batch(batch, now_s)
 
     def _note_lag(self, lag_s: float) -> None:
         """One more first token's lateness; every LAG_EVERY of them the queue models take
