@@ -74,8 +74,9 @@ class Answers:
         self.stream_head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                             b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
 
-    def usage(self, n: int) -> bytes:
-        return _chunk(b"data: " + self.head + b'"object":"text_completion","choices":[],'
+    def usage(self, n: int, chat: bool) -> bytes:
+        kind = b"chat.completion.chunk" if chat else b"text_completion"
+        return _chunk(b"data: " + self.head + b'"object":"' + kind + b'","choices":[],'
                       b'"usage":{"prompt_tokens":0,"completion_tokens":%d,"total_tokens":%d}}\n\n'
                       % (n, n))  # fmt: skip
 
@@ -203,7 +204,7 @@ class StubProtocol(asyncio.Protocol):
                 e.loop.call_later(e.itl_s, self._token, chat, left - 1, n, usage)
                 return
         tail = e.answers.chat_end if chat else e.answers.text_end
-        t.write(tail + (e.answers.usage(n) if usage else b"") + e.answers.done)
+        t.write(tail + (e.answers.usage(n, chat) if usage else b"") + e.answers.done)
         e.served += 1
         self._free()
 

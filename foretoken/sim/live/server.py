@@ -4,7 +4,8 @@ Each engine of the fleet file gets, in one asyncio process:
 
 * an OpenAI-compatible HTTP server (``/v1/completions``, ``/v1/chat/completions``, streaming
   and not; ``/v1/models``, ``/healthz``, ``/metrics`` with vLLM's ``cache_config_info``);
-  prompts may be text (the built-in tokenizer) or token ids;
+  prompts may be text (the built-in tokenizer) or token ids; ``n``, ``logprobs`` and
+  ``echo`` as vLLM takes them (``sampling.py``: the choices share the request's one prefill);
 * the pure ``EngineModel`` stepped against a real clock: a step that the hidden truth says
   takes d seconds takes ``d × time_scale`` seconds of wall time;
 * a ZMQ PUB socket sending the KV events in vLLM's 3-frame wire format, and a ROUTER replay
@@ -38,6 +39,7 @@ from foretoken.adapters.ports import free_port
 from foretoken.core.tokenizer import SimTokenizer, chat_to_text
 from foretoken.core.types import RequestId
 from foretoken.sim.engine import EngineModel, RequestTooLarge, StepResult
+from foretoken.sim.live.sampling import Answer, FieldError, parse_sampling, prompt_echo
 from foretoken.sim.live.vllm_wire import (
     decode_replay_request,
     encode_replay_stream,
@@ -219,8 +221,9 @@ class SimEngine:
 # ---------------------------------------------------------------------- HTTP handlers
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+def _error(status: int, message: str, kind: str = "invalid_request_error",
+           param: str | None = None) -> web.Response:  # fmt: skip
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
     return web.json_response(body, status=status)
 
 
@@ -276,27 +279,35 @@ async def _complete(engine: SimEngine, request: web.Request, chat: bool) -> web.
         if body.get("model") not in (None, engine.spec.model):
             return _error(404, f"model {body.get('model')!r} is not served here", "not_found")
         token_ids = _prompt_ids(engine, body, chat)
+        sampling = parse_sampling(body, chat)
+        echo = (
+            prompt_echo(engine.tokenizer, body.get("prompt"), token_ids) if sampling.echo else None
+        )
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+        stream = bool(body.get("stream"))
+        answer = Answer(sampling, chat, engine.tokenizer, echo, stream=stream, collect=not stream)
         rid, pending = await engine.generate(token_ids, max_tokens)
+    except FieldError as exc:
+        return _error(400, str(exc), param=exc.param)
     except RequestTooLarge as exc:
         return _error(400, str(exc))
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
         return _error(400, str(exc))
     created = int(time.time())
     kind = "chat.completion" if chat else "text_completion"
-    if body.get("stream"):
+    if stream:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await _stream(engine, request, rid, pending, chat, kind, created, include_usage)
-    texts = [engine.tokenizer.decode_one(t) async for t in engine.stream_tokens(rid, pending)]
+        head = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else kind,
+                "created": created, "model": engine.spec.model}  # fmt: skip
+        return await _stream(engine, request, rid, pending, answer, head, include_usage)
+    async for token in engine.stream_tokens(rid, pending):
+        answer.step(token)
     engine.served += 1
-    text = "".join(texts)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
     return web.json_response(
         {
             "id": f"cmpl-{rid}", "object": kind, "created": created, "model": engine.spec.model,
-            "choices": [choice], "usage": _usage(pending, len(texts)),
+            "choices": answer.whole(), "usage": _usage(pending, answer.completion_tokens),
         }
     )  # fmt: skip
 
@@ -317,37 +328,32 @@ async def _stream(
     request: web.Request,
     rid: RequestId,
     pending: _Pending,
-    chat: bool,
-    kind: str,
-    created: int,
+    answer: Answer,
+    head: dict[str, Any],
     include_usage: bool,
 ) -> web.StreamResponse:
+    """One event per choice per token (each choice's first chat event is its role), then
+    each choice's finish event, the usage event when asked for, ``[DONE]``."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    chunk_kind = "chat.completion.chunk" if chat else kind
-    n = 0
     async for token in engine.stream_tokens(rid, pending):
-        text = engine.tokenizer.decode_one(token)
-        delta: dict[str, Any] = {"index": 0, "finish_reason": None}
-        delta.update({"delta": {"content": text}} if chat else {"text": text})
-        n += 1
-        await _sse(resp, {"id": f"cmpl-{rid}", "object": chunk_kind, "created": created,
-                          "model": engine.spec.model, "choices": [delta]})  # fmt: skip
-    final: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-    final.update({"delta": dict[str, str]()} if chat else {"text": ""})
-    chunk: dict[str, Any] = {"id": f"cmpl-{rid}", "object": chunk_kind, "created": created,
-             "model": engine.spec.model, "choices": [final]}  # fmt: skip
-    await _sse(resp, chunk)
+        await resp.write(_events(head, answer.step(token)))
+    await resp.write(_events(head, answer.finals()))
     if include_usage:
-        await _sse(resp, {**chunk, "choices": [], "usage": _usage(pending, n)})
+        usage = _usage(pending, answer.completion_tokens)
+        await resp.write(_events(head, [], usage))
     await resp.write(b"data: [DONE]\n\n")
     engine.served += 1
     await resp.write_eof()
     return resp
 
 
-async def _sse(resp: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+def _events(head: dict[str, Any], choices: list[dict[str, Any]],
+            usage: dict[str, Any] | None = None) -> bytes:  # fmt: skip
+    """SSE events: one per choice, or (``usage``) the usage event without choices."""
+    docs = [{**head, "choices": [c]} for c in choices] if usage is None else [
+        {**head, "choices": [], "usage": usage}]  # fmt: skip
+    return b"".join(b"data: " + json.dumps(doc).encode() + b"\n\n" for doc in docs)
 
 
 # ---------------------------------------------------------------------- the fleet
