@@ -262,8 +262,11 @@ class Learner:
         step_s = step_cost(self.fits, batch.worker_id).step_overhead_s  # nothing else runs
         sample = alone_sample(profile.scheduler, progress.computed, progress.cached,
                               progress.seconds, step_s)  # fmt: skip
-        self._feed_chain(batch.worker_id, profile.config_hash, sample, now_s)
-        return sample is not None
+        if sample is None:
+            return False
+        self.fits.observe_progress(batch.worker_id, profile.config_hash, sample.u, sample.v,
+                                   sample.raw_s, now_s, sample.steps)  # fmt: skip
+        return True
 
     def remember_tier(self, rid: RequestId, wid: WorkerId, lower: tuple[Tier, int]) -> None:
         """``rid`` was sent to ``wid`` with ``lower[1]`` tokens credited from tier

@@ -33,7 +33,8 @@ from foretoken.core.cost.samples import decode_step_s
 ERROR_BODY_MAX_BYTES: Final = 65_536
 MAX_GAPS: Final = 8192  # token gaps kept per stream (a decode step's time needs a few)
 DONE: Final = b"[DONE]"
-_EMPTY = re.compile(rb'"(?:text|content)": ?""')
+# an event that carries no output token: empty text, or a chat finish with an empty delta
+_EMPTY = re.compile(rb'"(?:text|content)": ?""|"delta": ?\{\s*\}')
 _json = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 

@@ -312,3 +312,26 @@ async def test_the_body_must_be_json_by_its_media_type(content_type: str | None,
     with pytest.raises(RequestError) as info:
         await read_body(request, load_settings(env={}))
     assert info.value.status == 415 and "application/json" in info.value.message
+
+
+def test_only_events_with_output_count_as_tokens() -> None:
+    """A streamed answer without usage counts its content events; finishes, role-only deltas
+    and empty texts are not tokens, whichever choice (n > 1) they belong to."""
+    from foretoken.adapters.http.router.proxy import _scan
+
+    def event(body: str) -> bytes:
+        return b"data: " + body.encode() + b"\n\n"
+
+    chat = [
+        '{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+        '{"choices":[{"index":1,"delta":{"role":"assistant","content":""}}]}',
+        '{"choices":[{"index":0,"delta":{"content":"a"}}]}',
+        '{"choices":[{"index":1,"delta":{"content":"b"}}]}',
+        '{"choices":[{"index":0,"delta":{"content":"c"}}]}',
+        '{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}',
+        '{"choices":[{"index":1,"delta": {},"finish_reason":"length"}]}',
+        '{"choices":[{"index":0,"text":"","finish_reason":"stop"}]}',
+    ]
+    m, firsts = Measured(), list[float]()
+    _scan([event(b) for b in chat] + [b"data: [DONE]\n\n"], m, firsts.append)
+    assert m.chunks == 3 and len(firsts) == 1 and m.done_seen

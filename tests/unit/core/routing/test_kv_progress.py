@@ -66,3 +66,19 @@ def test_no_sample_once_another_prompt_is_there_or_when_turned_off() -> None:
         service.on_kv_batch(_stores(0, 0.04, 0, 128), 0.04)
         assert service.learner.progress.samples == 0
         assert service.fits.curve("w0").default  # type: ignore[arg-type]
+
+
+def test_a_busy_or_cold_fit_takes_over_from_the_progress_samples() -> None:
+    """One prompt's stores grow its tokens and its steps together, so they cannot tell ``a``
+    from the step overhead: they answer only until another fit of the worker has a curve."""
+    service = _service()
+    service.route(_prompt("a", 16_000).query(), 0.0, 0.0)
+    for step in range(3):
+        service.on_kv_batch(_stores(step, 0.04 * (step + 1), 128 * step, 128), 0.04 * (step + 1))
+    fits = service.fits.fits("w0")  # type: ignore[arg-type]
+    assert fits is not None and fits.source == "progress" and fits.busy is None
+    progress_a = service.fits.curve("w0").a  # type: ignore[arg-type]
+    # a busy chain of a slower engine (one 4,096-token prompt in 0.4 s, exact): it answers
+    service.fits.observe_busy_chain("w0", "c", 4096, 4096**2, 0.4, 1.0, 2, 0.0, True)  # type: ignore[arg-type]
+    assert fits.source == "busy"
+    assert service.fits.curve("w0").a > 2 * progress_a  # type: ignore[arg-type]
