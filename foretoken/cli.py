@@ -329,8 +329,12 @@ def load(
 @bench_app.command("predict")
 def bench_predict(
     quick: bool = typer.Option(False, help="A few hundred requests (with --matrix: ≤ 10 min)."),
-    trace: str | None = typer.Option(None, help="A shipped or generated trace, or a file."),
-    fleet: str | None = typer.Option(None, help="A shipped fleet, random-SEED, or a file."),
+    trace: str | None = typer.Option(
+        None, help="A shipped or generated trace, or a file (--matrix: a comma-separated list)."
+    ),
+    fleet: str | None = typer.Option(
+        None, help="A shipped fleet, random-SEED, or a file (--matrix: a comma-separated list)."
+    ),
     loads: str = typer.Option("0.8,1.0,1.3", help="× the calibrated capacity."),
     load: float | None = typer.Option(None, help="One load (--explain)."),
     limit: int | None = typer.Option(None, help="Requests per cell."),

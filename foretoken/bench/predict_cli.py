@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from foretoken.bench.accuracy_matrix import run_matrix, run_single, table
+from foretoken.bench.accuracy_matrix import TRACES, run_matrix, run_single, table
 
 OUT = Path(".run/bench")
 
@@ -41,8 +41,11 @@ def predict_command(*, quick: bool, trace: str | None, fleet: str | None, loads:
         print(explain_table(result))
         return
     if matrix:
+        # e.g. the held-out grading: --matrix --quick --fleet random-4,random-5,random-8 --seed 1
+        traces = tuple(t for t in (trace or "").split(",") if t) or TRACES
+        fleets = tuple(f for f in (fleet or "").split(",") if f) or None
         result = run_matrix(quick, jobs=jobs, seed=seed, limit=limit, loads=levels,
-                            routing=routing)  # fmt: skip
+                            routing=routing, traces=traces, fleets=fleets)  # fmt: skip
         _write(result, json_path, "predict-matrix-quick" if quick else "predict-matrix")
     else:
         if not (trace and fleet):

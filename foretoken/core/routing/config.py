@@ -64,6 +64,9 @@ class PredictorConfig:
     # A prompt alone on its worker gives prefill samples before its first token, from the
     # time stamps of the KV batches that store its blocks (foretoken.core.routing.kv_progress).
     kv_progress_samples: bool = True
+    # A busy worker's consecutive KV batches time its steps' prefill: busy-chain samples
+    # of one step each (foretoken.core.cost.kv_steps).
+    kv_step_samples: bool = True
     # Decode samples less the prefill of prompts whose first token came during the
     # request's decode window, dropped below this share of the raw TPOT.
     decode_windows: bool = True

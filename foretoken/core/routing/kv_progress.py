@@ -63,8 +63,8 @@ class PrefillProgress:
     def on_batch(self, batch: KvBatch) -> Progress | None:
         """A worker's KV batch: the prompt's progress when it is a sample (module doc)."""
         wid = batch.worker_id
-        stored = sum(len(e.block_hashes) for e in batch.events
-                     if isinstance(e, BlockStored) and e.medium == "GPU")  # fmt: skip
+        stored = sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockStored)
+                     and e.medium == "GPU" and e.group_idx == 0)  # fmt: skip
         start = self.book.idle_start.get(wid)
         profile, queue = self.book.profiles.get(wid), self.book.queues.get(wid)
         if not stored or start is None or profile is None or queue is None:

@@ -36,6 +36,7 @@ import numpy as np
 from foretoken.core.cost.busy_chains import BusyChains, ChainSample, alone_sample
 from foretoken.core.cost.decode_windows import DecodeWindows, Window
 from foretoken.core.cost.fit import REFERENCE_B_S_PER_TOKEN2
+from foretoken.core.cost.kv_steps import KvSteps
 from foretoken.core.cost.quantiles import TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
@@ -75,6 +76,7 @@ class Learner:
         self.quantiles = quantiles or TtftQuantiles()
         self.tier_costs = tier_costs or TierCosts(config.tier_load_s_per_token)
         self.progress = PrefillProgress(book)
+        self.kv_steps = KvSteps()
         # Requests sent with a credit from one lower tier: (worker, tier, its tokens).
         self.tier_credit: OrderedDict[RequestId, tuple[WorkerId, Tier, int]] = OrderedDict()
         # busy-period samples: when each worker last finished a prefill (a first token) or,
@@ -253,11 +255,13 @@ class Learner:
         return True
 
     def on_kv_batch(self, batch: KvBatch, now_s: float) -> bool:
-        """A worker's KV batch: a partial cold sample while a lone prompt prefills there
-        (:mod:`foretoken.core.routing.kv_progress`); True if it gave one."""
+        """A worker's KV batch: a step's prefill while prompts queue there
+        (:mod:`foretoken.core.cost.kv_steps`), a partial cold sample while a lone prompt
+        prefills there (:mod:`foretoken.core.routing.kv_progress`); True if it gave one."""
+        stepped = self._kv_step(batch, now_s)
         progress = self.progress.on_batch(batch) if self.config.kv_progress_samples else None
         if progress is None:
-            return False
+            return stepped
         profile = progress.profile
         step_s = step_cost(self.fits, batch.worker_id).step_overhead_s  # nothing else runs
         sample = alone_sample(profile.scheduler, progress.computed, progress.cached,
@@ -267,6 +271,24 @@ class Learner:
         self.fits.observe_progress(batch.worker_id, profile.config_hash, sample.u, sample.v,
                                    sample.raw_s, now_s, sample.steps)  # fmt: skip
         return True
+
+    def _kv_step(self, batch: KvBatch, now_s: float) -> bool:
+        wid = batch.worker_id
+        profile, queue = self.book.profiles.get(wid), self.book.queues.get(wid)
+        if not self.config.kv_step_samples or profile is None or queue is None:
+            return False
+        pending = queue.unstarted_count > 0
+        sample = self.kv_steps.on_batch(batch, profile.block_size, pending)
+        if sample is None:
+            return False
+        self.fits.observe_busy_chain(wid, profile.config_hash, sample.u, sample.v,
+                                     sample.seconds, now_s, 1, float(queue.decoding_count),
+                                     sample.placed)  # fmt: skip
+        return True
+
+    def forget_worker(self, wid: WorkerId) -> None:
+        """A worker removed or reset: what follows its engine's steps goes."""
+        self.kv_steps.forget(wid)
 
     def remember_tier(self, rid: RequestId, wid: WorkerId, lower: tuple[Tier, int]) -> None:
         """``rid`` was sent to ``wid`` with ``lower[1]`` tokens credited from tier

@@ -102,6 +102,9 @@ class RouteService:
                 self.predictions.wait_scale.forget_worker(profile.worker_id)
             self.predictions.tier_costs.forget_worker(profile.worker_id)
             self.predictions.sent.forget_worker(profile.worker_id)
+        known = self.book.profiles.get(profile.worker_id)
+        if profile.removed or (known is not None and known.config_hash != profile.config_hash):
+            self.learner.forget_worker(profile.worker_id)
         self.fits.apply_registration(profile)
         self.book.apply(profile)
         queue = self.book.queues.get(profile.worker_id)

@@ -70,8 +70,10 @@ def test_no_sample_once_another_prompt_is_there_or_when_turned_off() -> None:
 
 def test_a_busy_or_cold_fit_takes_over_from_the_progress_samples() -> None:
     """One prompt's stores grow its tokens and its steps together, so they cannot tell ``a``
-    from the step overhead: they answer only until another fit of the worker has a curve."""
-    service = _service()
+    from the step overhead: they answer only until another fit of the worker has a curve.
+    (The same batches are step samples for the busy fit too — off here, to see the two
+    fits apart.)"""
+    service = _service(kv_step_samples=False)
     service.route(_prompt("a", 16_000).query(), 0.0, 0.0)
     for step in range(3):
         service.on_kv_batch(_stores(step, 0.04 * (step + 1), 128 * step, 128), 0.04 * (step + 1))
