@@ -21,11 +21,14 @@ the later one stores are that step's prefill — ``u`` new tokens of a step that
 Both stamps come from the engine's clock: no offset between hosts is in the sample.
 
 ``v = Σ(end² − start²)`` needs where in its prompt each stored run of blocks sits: a run
-continues the chain at its parent block, so the depth of every recently stored block is
-kept per worker (a bounded LRU, ``MAX_DEPTHS_PER_WORKER`` blocks — about 0.8 MB per worker
-at most; a parent found there is touched, so a shared prefix stays). A run whose parent
-is unknown (stored before the map's reach, or after a restart) counts its tokens in ``u``
-with no ``v`` and the sample is not ``placed``. A placed sample is an exact one for the
+continues the chain at its parent block, so the depth of every block stored lately is kept
+per worker, in two generations of ``MAX_BLOCKS_PER_WORKER`` (one C-level dict update per
+run, the older generation dropped whole: 60–140 ns per block stored, where an LRU updated
+block by block cost 640 ns, more than the index's own apply; ~100 bytes per block kept, so
+up to ~1.6 MB per worker at the default, ``PredictorConfig.kv_step_blocks``). A
+parent found in the older generation is copied forward, so a shared prefix stays. A run
+whose parent is out of reach (stored before that, or before a restart) counts its tokens
+in ``u`` with no ``v`` and the sample is not ``placed``. A placed sample is an exact one for the
 busy fit: ``a`` and ``b`` are fitted together on such samples once they span prompt
 positions (its ``_joint``), where ``b`` otherwise stays the reference deployment's — on
 the ``demo`` fleet (a true ``b`` 5× the reference) ``a`` read 1.4× the truth with ``b``
@@ -44,14 +47,13 @@ copies of the same tokens (only group 0 counts).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from foretoken.core.types import BlockStored, EngineBlockHash, KvBatch, WorkerId
 
-# Block depths (blocks from the prompt start) remembered per worker, least recently used dropped.
-MAX_DEPTHS_PER_WORKER: Final = 8192
+# Blocks whose depth is kept per worker: the last 8,192 to 16,384 stored (module doc).
+MAX_BLOCKS_PER_WORKER: Final = 8192
 # A gap between two batches longer than this is not one step (an engine paused, a clock
 # jump): no sample.
 MAX_STEP_S: Final = 30.0
@@ -77,13 +79,41 @@ class _Last:
     pending: bool
 
 
+@dataclass(slots=True)
+class _Places:
+    """The depth (blocks from its prompt's start) of every block a worker stored lately, in
+    two generations: blocks go into ``current`` (one C-level ``dict.update`` per run);
+    when it holds ``limit`` blocks it becomes ``previous`` and the older one is dropped
+    whole, so between ``limit`` and ``2·limit`` recent blocks are known. A parent found in
+    ``previous`` is copied forward (a shared prefix stays)."""
+
+    limit: int
+    current: dict[EngineBlockHash, int] = field(default_factory=dict)
+    previous: dict[EngineBlockHash, int] = field(default_factory=dict)
+
+    def depth_of(self, parent: EngineBlockHash) -> int | None:
+        depth = self.current.get(parent)
+        if depth is None:
+            depth = self.previous.get(parent)
+            if depth is not None:
+                self.current[parent] = depth
+        return depth
+
+    def add(self, hashes: tuple[EngineBlockHash, ...], first: int) -> None:
+        """A run whose first block is at depth ``first + 1``."""
+        depths = range(first + 1, first + 1 + len(hashes))
+        self.current.update(zip(hashes, depths, strict=True))
+        if len(self.current) >= self.limit:
+            self.previous, self.current = self.current, {}
+
+
 class KvSteps:
     """Step samples from consecutive KV batches (module doc)."""
 
-    def __init__(self, max_depths: int = MAX_DEPTHS_PER_WORKER) -> None:
-        self.max_depths = max_depths
+    def __init__(self, max_blocks: int = MAX_BLOCKS_PER_WORKER) -> None:
+        self.max_blocks = max_blocks
         self._last: dict[WorkerId, _Last] = {}
-        self._depths: dict[WorkerId, OrderedDict[EngineBlockHash, int]] = {}
+        self._places: dict[WorkerId, _Places] = {}
         self.samples = 0
 
     def on_batch(self, batch: KvBatch, block_size: int, pending: bool) -> StepSample | None:
@@ -104,35 +134,33 @@ class KvSteps:
     def forget(self, wid: WorkerId) -> None:
         """A worker gone or reset: its state goes."""
         self._last.pop(wid, None)
-        self._depths.pop(wid, None)
+        self._places.pop(wid, None)
 
     def _stored(self, wid: WorkerId, batch: KvBatch, block_size: int) -> tuple[int, int, bool]:
         """The batch's new prompt tokens on the GPU (group 0), their ``v``, and whether
         every run's place was known."""
         u = v = 0
         placed = True
-        depths: OrderedDict[EngineBlockHash, int] | None = None
+        places: _Places | None = None
         for e in batch.events:
             if not isinstance(e, BlockStored) or e.medium != "GPU" or e.group_idx != 0:
                 continue
-            k = len(e.block_hashes)
+            hashes = e.block_hashes
+            k = len(hashes)
             if not k:
                 continue
             size = e.block_size or block_size
             u += k * size
-            if depths is None:
-                depths = self._depths.setdefault(wid, OrderedDict())
+            if places is None:
+                places = self._places.get(wid)
+                if places is None:
+                    places = self._places[wid] = _Places(self.max_blocks)
             parent = e.parent_block_hash
-            start = 0 if parent is None else depths.get(parent)
+            start = 0 if parent is None else places.depth_of(parent)
             if start is None:
                 placed = False
                 continue
-            if parent is not None:
-                depths.move_to_end(parent)
             lo, hi = start * size, (start + k) * size
             v += hi * hi - lo * lo
-            for depth, block in enumerate(e.block_hashes, start + 1):
-                depths[block] = depth
-            while len(depths) > self.max_depths:
-                depths.popitem(last=False)
+            places.add(hashes, start)
         return u, v, placed

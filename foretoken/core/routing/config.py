@@ -67,6 +67,11 @@ class PredictorConfig:
     # A busy worker's consecutive KV batches time its steps' prefill: busy-chain samples
     # of one step each (foretoken.core.cost.kv_steps).
     kv_step_samples: bool = True
+    # Each worker's blocks whose depth in their prompt is kept for those samples' quadratic
+    # regressor: the last kv_step_blocks to twice that many stored. At 2,048 or 4,096 the
+    # demo fleet's Mooncake prompts (up to 6k blocks) lost their prefixes' depths, b was
+    # never learned and demo-fast-1's `a` read 1.55x the truth (1.00x at 8,192).
+    kv_step_blocks: int = 8192
     # Decode samples less the prefill of prompts whose first token came during the
     # request's decode window, dropped below this share of the raw TPOT.
     decode_windows: bool = True

@@ -76,7 +76,7 @@ class Learner:
         self.quantiles = quantiles or TtftQuantiles()
         self.tier_costs = tier_costs or TierCosts(config.tier_load_s_per_token)
         self.progress = PrefillProgress(book)
-        self.kv_steps = KvSteps()
+        self.kv_steps = KvSteps(config.kv_step_blocks)
         # Requests sent with a credit from one lower tier: (worker, tier, its tokens).
         self.tier_credit: OrderedDict[RequestId, tuple[WorkerId, Tier, int]] = OrderedDict()
         # busy-period samples: when each worker last finished a prefill (a first token) or,

@@ -70,10 +70,10 @@ def test_removals_end_a_step_and_offload_or_other_groups_are_not_prefill() -> No
 
 
 def test_a_run_whose_parent_is_out_of_reach_counts_in_u_without_v() -> None:
-    steps = KvSteps(max_depths=2)
+    steps = KvSteps(max_blocks=1)  # generations of one block: the last two blocks known
     steps.on_batch(_batch(0, 0.0, _run(1, 1, None)), BS, True)  # depths: {1}
-    steps.on_batch(_batch(1, 0.1, _run(10, 1, None)), BS, True)  # depths: {1, 10}
-    steps.on_batch(_batch(2, 0.2, _run(20, 1, None)), BS, True)  # depths: {10, 20}: 1 dropped
+    steps.on_batch(_batch(1, 0.1, _run(10, 1, None)), BS, True)  # depths: {1}, {10}
+    steps.on_batch(_batch(2, 0.2, _run(20, 1, None)), BS, True)  # depths: {10}, {20}
     late = steps.on_batch(_batch(3, 0.3, _run(2, 3, 1), _run(21, 1, 20)), BS, True)
     assert late is not None and late.u == 4 * BS and not late.placed
     assert late.v == (2 * BS) ** 2 - BS**2  # only the run after block 20 (depth 1 -> 2)
@@ -89,3 +89,5 @@ def test_a_run_may_continue_from_any_block_of_an_earlier_one() -> None:
     sample = steps.on_batch(_batch(1, 0.04, _run(50, 2, 3)), BS, True)  # after depth 3
     assert sample is not None and sample.placed
     assert sample.v == (5 * BS) ** 2 - (3 * BS) ** 2
+    again = steps.on_batch(_batch(2, 0.08, _run(60, 1, 3)), BS, True)  # the prefix, again
+    assert again is not None and again.v == (4 * BS) ** 2 - (3 * BS) ** 2
