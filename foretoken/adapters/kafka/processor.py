@@ -262,6 +262,8 @@ class ProcessorState:
             "replica_share": None if share is None else [share.index, share.count],
             "share_moves": service.decider.share_moves,
             "overruled_decisions": service.overruled,
+            "grants_for_unknown_workers": service.unknown_worker_grants,
+            "kv_step_samples": service.learner.kv_steps.samples,
             "queue_view_staleness_s": self.staleness_since(0.0),
             "outcome_delay_s": _percentiles([v for _, v in self.outcome_delay]),
             "members": self.members_page(now),

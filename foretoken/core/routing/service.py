@@ -84,6 +84,9 @@ class RouteService:
                                self.predictions.tier_costs)  # fmt: skip
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
         self.overruled = 0  # our decisions another one replaced (see _withdraw_overruled)
+        # Grants naming a worker this service does not know (retired, never registered, or
+        # registered after the grant): graded, but in no queue model.
+        self.unknown_worker_grants = 0
         # Admitted decisions whose grant has not come back on `grants` yet: (worker, when).
         self.unconfirmed: OrderedDict[RequestId, tuple[WorkerId, float]] = OrderedDict()
         self.unconfirmed_expired = 0
@@ -119,6 +122,8 @@ class RouteService:
             self.controls.observe_grant(grant, now_s)
         self._withdraw_overruled(grant, now_s)
         if grant.admitted and grant.worker_id is not None:
+            if grant.worker_id not in self.book.queues:
+                self.unknown_worker_grants += 1
             expected = grant.expected_output_tokens or self.config.default_output_tokens
             self.book.enqueue(grant.worker_id, grant.request_id, grant.ts, grant.prompt_tokens,
                               grant.cached_tokens, expected)  # fmt: skip

@@ -130,3 +130,13 @@ def test_another_replicas_grant_is_modelled_with_the_output_length_it_decided_on
     assert entry is not None and entry.expected_output_tokens == a.config.default_output_tokens
     with pytest.raises(ValueError, match="expected_output_tokens"):
         as_record(Grant, msgspec.structs.replace(theirs, expected_output_tokens=0))
+
+
+def test_a_grant_for_a_worker_this_replica_does_not_know_is_counted() -> None:
+    a, b = _replicas()
+    theirs = _decide(b, "r1")
+    stranger = msgspec.structs.replace(theirs, request_id="r2", worker_id="not-registered")
+    a.on_grant(as_record(Grant, theirs), 0.1)
+    a.on_grant(as_record(Grant, stranger), 0.2)
+    assert a.unknown_worker_grants == 1
+    assert "not-registered" not in a.book.queues  # in no queue model
