@@ -11,14 +11,30 @@ against 1–2 s.
 
 Yet every step of an engine that prefills publishes its KV stores at the end of the
 step, stamped with the engine's clock (vLLM's ``KVEventBatch.ts``; the simulator's
-step end). While the queue model has prompts waiting or prefilling both when one such
-batch arrives and when the next does, the engine stepped without pause in between and
-every step carried a chunk: the time between the two stamps is one step, and the blocks
-the later one stores are that step's prefill — ``u`` new tokens of a step that also ran
-``decoding`` sequences. Each such step is a busy-chain sample of one step
-(:class:`foretoken.core.cost.busy_fit.BusyChainFit`: ``a`` is the weighted median of
-``(seconds − step − b·v) / u``, the step cost taken out the way the queue walk adds it).
-Both stamps come from the engine's clock: no offset between hosts is in the sample.
+step end). When a request sent before one such batch had its first token only after the
+next one, it waited or prefilled there all along, and the engine (which does not idle
+with a prompt to run) stepped without pause in between: the time between the two stamps
+is one step, and the blocks the later one stores are that step's prefill — ``u`` new
+tokens of a step that also ran ``decoding`` sequences. Each such step is a busy-chain
+sample of one step (:class:`foretoken.core.cost.busy_fit.BusyChainFit`: ``a`` is the
+weighted median of ``(seconds − step − b·v) / u``, the step cost taken out the way the
+queue walk adds it). Both stamps come from the engine's clock: no offset between hosts is
+in the step's time.
+
+Which request waited through the step: one the queue model still has without a first
+token when the later batch comes, sent before the earlier one — if the router acted on its
+decision (its grant came back) and it is not older than ``MAX_HOLD_S`` (an outcome lost);
+the step is a sample at once. Else the step is held until a first token witnesses it (the
+last ``WITNESSES`` first tokens are kept for batches that come after theirs), and one no
+first token witnesses within ``MAX_HOLD_S`` goes. The queue model's word alone is not
+enough: a decision nobody acted on (a caller that only asked ``/v1/route``) stays in it
+for ``unconfirmed_decision_s``; with 90 of them there, the gaps between sequential
+requests on an idle worker read as steps of 80 tokens taking 0.1 s, and the controls
+turned every later request away (``tests/integration/test_edges_stack.py``, which
+failed in CI). Waiting for a witness every time cost 0.15–0.75 points (cell mean within
+1 s) on the four gradings (a 200k-token prompt's chunk steps fed the fit only at its first
+token); taking the acted-on requests' word first: −0.01 to +0.3 against the queue model's
+word alone.
 
 ``v = Σ(end² − start²)`` needs where in its prompt each stored run of blocks sits: a run
 continues the chain at its parent block, so the depth of every block stored lately is kept
@@ -39,14 +55,16 @@ batches"): with ``v`` from depths, +0.1 to +1.6 points within 1 s over ``v = 0``
 
 What can spoil a sample, and why the median copes: a lost batch (a gap in ``seq``: no
 sample), a step whose chunk filled no whole block (the next sample spans two steps), a
-stretch of decode-only steps while the queue model wrongly believes a prompt waits (an
-outcome not arrived yet, or admission blocked by KV space) — each reads slow, and none
-is the rule while prompts queue. Offload stores are not prefill, nor are other KV groups'
-copies of the same tokens (only group 0 counts).
+stretch of decode-only steps while a witness waits (admission blocked by KV space), a
+request that reached the engine a little after the batch before its step (network delay,
+or the engine's clock ahead of the router's) — each reads slow, and none is the rule.
+Offload stores are not prefill, nor are other KV groups' copies of the same tokens (only
+group 0 counts).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -57,12 +75,19 @@ MAX_BLOCKS_PER_WORKER: Final = 8192
 # A gap between two batches longer than this is not one step (an engine paused, a clock
 # jump): no sample.
 MAX_STEP_S: Final = 30.0
+# A step no first token has witnessed this long after it ended (engine clock, against the
+# worker's newest batch) was not one: it goes. So do the oldest beyond MAX_HELD.
+MAX_HOLD_S: Final = 120.0
+MAX_HELD: Final = 512
+# First tokens kept per worker to witness steps whose batch arrives after them.
+WITNESSES: Final = 32
 
 
 @dataclass(frozen=True, slots=True)
 class StepSample:
     """One engine step's prefill: ``u`` new tokens, ``v = Σ(end² − start²)`` over its
-    runs of blocks, in ``seconds``."""
+    runs of blocks, in ``seconds`` (from the batch stamped ``start_ts`` to the one stamped
+    ``end_ts``), beside ``decoding`` sequences."""
 
     u: float
     v: float
@@ -70,13 +95,26 @@ class StepSample:
     # every run's place in its prompt known (v whole): a sample the joint fit of a and b
     # may take (BusyChainFit's exact samples)
     placed: bool = True
+    decoding: float = 0.0
+    start_ts: float = 0.0
+    end_ts: float = 0.0
 
 
 @dataclass(slots=True)
 class _Last:
     seq: int
     ts: float
-    pending: bool
+
+
+@dataclass(slots=True)
+class _Held:
+    """A worker's samples waiting for a witness, and its latest witnesses."""
+
+    samples: deque[StepSample] = field(default_factory=deque)
+    witnesses: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WITNESSES))
+
+    def witnessed(self, sample: StepSample) -> bool:
+        return any(s <= sample.start_ts and sample.end_ts <= f for s, f in self.witnesses)
 
 
 @dataclass(slots=True)
@@ -108,33 +146,70 @@ class _Places:
 
 
 class KvSteps:
-    """Step samples from consecutive KV batches (module doc)."""
+    """Step samples from consecutive KV batches, each given out once a first token
+    witnesses it (module doc)."""
 
     def __init__(self, max_blocks: int = MAX_BLOCKS_PER_WORKER) -> None:
         self.max_blocks = max_blocks
         self._last: dict[WorkerId, _Last] = {}
         self._places: dict[WorkerId, _Places] = {}
-        self.samples = 0
+        self._held: dict[WorkerId, _Held] = {}
+        self.samples = 0  # witnessed (given out)
+        self.unwitnessed = 0  # dropped with no witness: an idle gap, or a witness lost
 
-    def on_batch(self, batch: KvBatch, block_size: int, pending: bool) -> StepSample | None:
-        """A worker's batch; ``pending``: whether its queue model has a prompt waiting or
-        prefilling now. The step that ended with it, when it is a sample."""
+    def on_batch(
+        self, batch: KvBatch, block_size: int, decoding: float, waiting_since: float | None = None
+    ) -> list[StepSample]:
+        """A worker's batch, while ``decoding`` sequences run there and a request the
+        router sent at ``waiting_since`` still waits for its first token (its queue model):
+        the step that ended with it, if that request was sent before the step began or a
+        first token witnessed the step already (else it is held for one)."""
         wid = batch.worker_id
         u, v, placed = self._stored(wid, batch, block_size)
         last = self._last.get(wid)
-        self._last[wid] = _Last(batch.seq, batch.ts, pending)
-        if not u or last is None or not (last.pending and pending):
-            return None
+        self._last[wid] = _Last(batch.seq, batch.ts)
+        if not u or last is None:
+            return []
         seconds = batch.ts - last.ts
         if batch.seq != last.seq + 1 or not 0.0 < seconds <= MAX_STEP_S:
-            return None
-        self.samples += 1
-        return StepSample(float(u), float(v), seconds, placed)
+            return []
+        sample = StepSample(float(u), float(v), seconds, placed, decoding, last.ts, batch.ts)
+        held = self._held.get(wid)
+        if held is None:
+            held = self._held[wid] = _Held()
+        if (waiting_since is not None and waiting_since <= last.ts) or held.witnessed(sample):
+            self.samples += 1
+            return [sample]
+        samples = held.samples
+        samples.append(sample)
+        while samples and (len(samples) > MAX_HELD or samples[0].end_ts < batch.ts - MAX_HOLD_S):
+            samples.popleft()
+            self.unwitnessed += 1
+        return []
+
+    def on_first_token(self, wid: WorkerId, sent_s: float, first_s: float) -> list[StepSample]:
+        """A request sent to ``wid`` at ``sent_s`` had its first token at ``first_s``: it
+        waited or prefilled there all along, so every step between two batches within that
+        span was one the engine ran without pause. Those held are given out."""
+        held = self._held.get(wid)
+        if held is None:
+            held = self._held[wid] = _Held()
+        held.witnesses.append((sent_s, first_s))
+        if not held.samples:
+            return []
+        out = [x for x in held.samples if sent_s <= x.start_ts and x.end_ts <= first_s]
+        if out:
+            held.samples = deque(
+                x for x in held.samples if not (sent_s <= x.start_ts and x.end_ts <= first_s)
+            )
+            self.samples += len(out)
+        return out
 
     def forget(self, wid: WorkerId) -> None:
         """A worker gone or reset: its state goes."""
         self._last.pop(wid, None)
         self._places.pop(wid, None)
+        self._held.pop(wid, None)
 
     def _stored(self, wid: WorkerId, batch: KvBatch, block_size: int) -> tuple[int, int, bool]:
         """The batch's new prompt tokens on the GPU (group 0), their ``v``, and whether

@@ -17,6 +17,7 @@ an outcome that overtakes its grant is remembered until the grant comes.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import itemgetter
@@ -262,6 +263,14 @@ class WorkerQueue:
     def unstarted_count(self) -> int:
         """Requests whose first token was not seen yet (waiting or prefilling)."""
         return len(self._requests) - self._decoding
+
+    def first_unstarted_sent(self, since_s: float, skip: Container[RequestId]) -> float | None:
+        """When the first request (in the order sent) sent at or after ``since_s``, not in
+        ``skip`` and without a first token seen yet was sent; None if there is none."""
+        for e in self._requests.values():
+            if e.first_token_s is None and e.sent_at_s >= since_s and e.request_id not in skip:
+                return e.sent_at_s
+        return None
 
     def waiting_sent_before(self, t: float, request_id: RequestId) -> bool:
         """Whether a request other than ``request_id``, sent before ``t``, has not had

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Container
 
 import numpy as np
 
 from foretoken.core.cost.busy_chains import BusyChains, ChainSample, alone_sample
 from foretoken.core.cost.decode_windows import DecodeWindows, Window
 from foretoken.core.cost.fit import REFERENCE_B_S_PER_TOKEN2
-from foretoken.core.cost.kv_steps import KvSteps
+from foretoken.core.cost.kv_steps import MAX_HOLD_S, KvSteps, StepSample
 from foretoken.core.cost.quantiles import TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.samples import prefill_sample_cached, time_per_output_token_s
@@ -71,8 +72,11 @@ class Learner:
     def __init__(
         self, index: Index, fits: FitRegistry, book: WorkerBook, config: PredictorConfig,
         quantiles: TtftQuantiles | None = None, tier_costs: TierCosts | None = None,
+        unacted: Container[RequestId] = frozenset(),
     ) -> None:  # fmt: skip
         self.index, self.fits, self.book, self.config = index, fits, book, config
+        # Decisions whose grant has not come back: nobody may have acted on them (kv_steps).
+        self.unacted = unacted
         self.quantiles = quantiles or TtftQuantiles()
         self.tier_costs = tier_costs or TierCosts(config.tier_load_s_per_token)
         self.progress = PrefillProgress(book)
@@ -105,6 +109,8 @@ class Learner:
         if outcome.kind == "first_token" and outcome.status == "ok":
             self._observe_busy(queue, outcome, now_s)
             entry = queue.get(outcome.request_id)
+            if entry is not None and entry.first_token_s is None:
+                self._witness_steps(outcome, entry.sent_at_s, now_s)
             if self.config.decode_windows and entry is not None and entry.first_token_s is None:
                 self.windows.open(outcome.worker_id, outcome.request_id, outcome.ts,
                                   entry.prompt_tokens, entry.cached_tokens,
@@ -277,13 +283,25 @@ class Learner:
         profile, queue = self.book.profiles.get(wid), self.book.queues.get(wid)
         if not self.config.kv_step_samples or profile is None or queue is None:
             return False
-        pending = queue.unstarted_count > 0
-        sample = self.kv_steps.on_batch(batch, profile.block_size, pending)
-        if sample is None:
+        waiting = queue.first_unstarted_sent(batch.ts - MAX_HOLD_S, self.unacted)
+        samples = self.kv_steps.on_batch(batch, profile.block_size, float(queue.decoding_count),
+                                         waiting)  # fmt: skip
+        return self._feed_steps(wid, samples, now_s)
+
+    def _witness_steps(self, outcome: RequestOutcome, sent_s: float, now_s: float) -> None:
+        """A first token witnesses the steps its request waited through (kv_steps). Sent
+        when its grant says (``actual_ttft_s`` counts what the client says it waited)."""
+        if self.config.kv_step_samples:
+            samples = self.kv_steps.on_first_token(outcome.worker_id, sent_s, outcome.ts)
+            self._feed_steps(outcome.worker_id, samples, now_s)
+
+    def _feed_steps(self, wid: WorkerId, samples: list[StepSample], now_s: float) -> bool:
+        profile = self.book.profiles.get(wid)
+        if not samples or profile is None:
             return False
-        self.fits.observe_busy_chain(wid, profile.config_hash, sample.u, sample.v,
-                                     sample.seconds, now_s, 1, float(queue.decoding_count),
-                                     sample.placed)  # fmt: skip
+        for x in samples:
+            self.fits.observe_busy_chain(wid, profile.config_hash, x.u, x.v, x.seconds, now_s,
+                                         1, x.decoding, x.placed)  # fmt: skip
         return True
 
     def forget_worker(self, wid: WorkerId) -> None:

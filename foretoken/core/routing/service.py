@@ -80,15 +80,15 @@ class RouteService:
             floor_s=cfg.quantile_floor_s, default_factor=cfg.quantile_default_factor,
         ))  # fmt: skip
         self.decider = Decider(self.config, controls, self.book, self.fits, self.quantiles)
+        # Admitted decisions whose grant has not come back on `grants` yet: (worker, when).
+        self.unconfirmed: OrderedDict[RequestId, tuple[WorkerId, float]] = OrderedDict()
         self.learner = Learner(index, self.fits, self.book, self.config, self.quantiles,
-                               self.predictions.tier_costs)  # fmt: skip
+                               self.predictions.tier_costs, self.unconfirmed)  # fmt: skip
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
         self.overruled = 0  # our decisions another one replaced (see _withdraw_overruled)
         # Grants naming a worker this service does not know (retired, never registered, or
         # registered after the grant): graded, but in no queue model.
         self.unknown_worker_grants = 0
-        # Admitted decisions whose grant has not come back on `grants` yet: (worker, when).
-        self.unconfirmed: OrderedDict[RequestId, tuple[WorkerId, float]] = OrderedDict()
         self.unconfirmed_expired = 0
         # How late first tokens reach this service (now − their ts), the last LAG_WINDOW:
         # a prefill whose last step ended less than that ago still counts as done.

@@ -60,6 +60,21 @@ def test_waiting_sent_before_is_about_earlier_sends_still_without_a_first_token(
     assert not queue.waiting_sent_before(2.0, a) and queue.waiting_sent_before(3.0, a)
 
 
+def test_first_unstarted_sent_skips_decisions_nobody_acted_on_and_stale_ones() -> None:
+    """What the engine's steps are timed by (core/cost/kv_steps.py): the first request sent
+    there that still waits, unless nobody acted on its decision or it is too old."""
+    queue = WorkerQueue(SchedulerSettings(max_num_batched_tokens=512))
+    stale, asked, real, later = (RequestId(x) for x in ("stale", "asked", "real", "later"))
+    for i, rid in enumerate((stale, asked, real, later)):
+        queue.add(rid, float(i), 100, 0, 8)
+    assert queue.first_unstarted_sent(0.0, ()) == 0.0
+    assert queue.first_unstarted_sent(0.5, {asked}) == 2.0
+    queue.first_token(real, 2.5)
+    assert queue.first_unstarted_sent(0.5, {asked}) == 3.0
+    queue.first_token(later, 3.5)
+    assert queue.first_unstarted_sent(0.5, {asked}) is None
+
+
 COST = CurveStepCost(lambda n: 1e-4 * n, 0.01, 1e-4)
 
 
