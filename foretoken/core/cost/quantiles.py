@@ -16,8 +16,9 @@ not. A residual is taken as soon as the request's first token is measured (the r
 service still holds its decision), else from its graded record — once per request; waiting
 for the graded record (at the completion) would leave an overload's windows empty while the
 decode runs. A worker with too few residuals of a regime borrows the fleet's (same regime); with
-none at all the quantile is ``default_factor`` times the shifted prediction (conservative,
-not absurd). Everything here is observed by the pipeline; nothing reads a simulator's truth.
+none at all the quantile is ``default_factor`` (1.6) times the shifted prediction
+(conservative, not absurd; 2.0 covered 0.93 of the routed matrices' requests, 1.3 0.88 —
+docs/BENCHMARKS.md "The default factor, measured again"). Everything here is observed by the pipeline; nothing reads a simulator's truth.
 
 Because each window holds the latest residuals of the very predictor it corrects, the
 coverage ``P(actual ≤ Q_q)`` tracks q as the predictor or the fleet changes; the report
@@ -63,7 +64,7 @@ class QuantileConfig:
     # The additive shift s0 of the log-ratio residuals, in seconds.
     floor_s: float = 0.1
     # With no residual at all: Q = default_factor·(predicted + s0) − s0.
-    default_factor: float = 2.0
+    default_factor: float = 1.6
     # A window's quantiles are recomputed after this many new residuals.
     refresh_every: int = 8
     # A prediction counts as queued when its predicted queue wait exceeds this.

@@ -96,7 +96,7 @@ class PredictorConfig:
     quantile_window: int = 400
     quantile_min_samples: int = 30
     quantile_floor_s: float = 0.1
-    quantile_default_factor: float = 2.0
+    quantile_default_factor: float = 1.6
     # The queue-wait part of a worker's predictions lengthened by what its first tokens
     # say (foretoken.core.cost.wait_scale): up to wait_scale_max times, learned over the
     # last wait_scale_window first tokens of requests decided here with a raw wait of at
