@@ -18,7 +18,8 @@ for the graded record (at the completion) would leave an overload's windows empt
 decode runs. A worker with too few residuals of a regime borrows the fleet's (same regime); with
 none at all the quantile is ``default_factor`` (1.6) times the shifted prediction
 (conservative, not absurd; 2.0 covered 0.93 of the routed matrices' requests, 1.3 0.88 —
-docs/BENCHMARKS.md "The default factor, measured again"). Everything here is observed by the pipeline; nothing reads a simulator's truth.
+docs/BENCHMARKS.md "The default factor, measured again"). Everything here is observed by
+the pipeline; nothing reads a simulator's truth.
 
 Because each window holds the latest residuals of the very predictor it corrects, the
 coverage ``P(actual ≤ Q_q)`` tracks q as the predictor or the fleet changes; the report
