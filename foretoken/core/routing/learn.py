@@ -113,8 +113,7 @@ class Learner:
                 self._witness_steps(outcome, entry.sent_at_s, now_s)
             if self.config.decode_windows and entry is not None and entry.first_token_s is None:
                 self.windows.open(outcome.worker_id, outcome.request_id, outcome.ts,
-                                  entry.prompt_tokens, entry.cached_tokens,
-                                  queue.unstarted_count > 1)  # fmt: skip
+                                  entry.prompt_tokens, entry.cached_tokens)  # fmt: skip
             queue.first_token(outcome.request_id, outcome.ts)
             return
         self.on_completion(queue, outcome, now_s)
@@ -179,7 +178,7 @@ class Learner:
         wid = outcome.worker_id
         step_s = outcome.decode_step_s  # the router timed the stream's token gaps
         if step_s is not None and step_s > 0:
-            if window.queued_at_open and chunk and self.fits.curve(wid).default:
+            if chunk and self.fits.curve(wid).default:
                 # whether its steps carried a chunk is judged on the curve: wait for one
                 pending = self.held_steps.setdefault(wid, [])
                 if len(pending) < MAX_HELD_STEPS:
@@ -199,10 +198,11 @@ class Learner:
 
     def _decode_only(self, wid: WorkerId, window: Window, step_s: float, chunk: int) -> bool:
         """Whether a stream's decode step ``step_s`` (its fast token gaps) is a step
-        without a prefill chunk: it is, unless prompts waited for theirs at both ends of
-        the window (every step may then carry one) and it is nearer a step that carries a
-        ``chunk``-token one than a decode-only step (at the current curve and step cost)."""
-        if not (window.queued_at_open and chunk):
+        without a prefill chunk: it is, unless prompts wait for theirs as the window
+        closes (its later steps may then carry one, whether or not any waited when it
+        opened) and it is nearer a step that carries a ``chunk``-token one than a
+        decode-only step (at the current curve and step cost)."""
+        if not chunk:
             return True
         running = window.mean_decoding
         chunk_s = self.fits.curve(wid).a * max(chunk - running, 0.0)
