@@ -51,6 +51,8 @@ class Window:
     integral: float
     u: float
     v: float
+    # Whether others waited for their prefill (in the queue model) when it opened.
+    queued_at_open: bool = False
 
     @property
     def mean_decoding(self) -> float:
@@ -70,11 +72,13 @@ class Window:
 class DecodeWindows:
     min_share: float = 0.1
     lines: dict[WorkerId, _Line] = field(default_factory=dict)
-    marks: dict[RequestId, tuple[WorkerId, float, float, float]] = field(default_factory=dict)
+    marks: dict[RequestId, tuple[WorkerId, float, float, float, bool]] = field(default_factory=dict)
     held: dict[WorkerId, list[Window]] = field(default_factory=dict)
 
-    def open(self, wid: WorkerId, rid: RequestId, ts: float, n: int, cached: int) -> None:
-        """A first token at ``ts``: one more request decoding, its prefill done."""
+    def open(self, wid: WorkerId, rid: RequestId, ts: float, n: int, cached: int,
+             queued: bool = False) -> None:  # fmt: skip
+        """A first token at ``ts``: one more request decoding, its prefill done
+        (``queued``: others still wait for theirs)."""
         if rid in self.marks:
             return
         line = self.lines.setdefault(wid, _Line(ts))
@@ -83,7 +87,7 @@ class DecodeWindows:
         line.u += n - k
         line.v += n * n - k * k
         line.decoding += 1.0
-        self.marks[rid] = (wid, line.integral, line.u, line.v)
+        self.marks[rid] = (wid, line.integral, line.u, line.v, queued)
 
     def close(
         self, rid: RequestId, ts: float, span_s: float | None, output_tokens: int
@@ -92,14 +96,14 @@ class DecodeWindows:
         mark = self.marks.pop(rid, None)
         if mark is None:
             return None
-        wid, integral, u, v = mark
+        wid, integral, u, v, queued = mark
         line = self.lines[wid]
         line.advance(ts)
         line.decoding = max(line.decoding - 1.0, 0.0)
         steps = output_tokens - 1
         if span_s is None or not span_s > 0 or steps < 1:
             return None
-        return Window(span_s, steps, line.integral - integral, line.u - u, line.v - v)
+        return Window(span_s, steps, line.integral - integral, line.u - u, line.v - v, queued)
 
     def forget(self, rid: RequestId) -> None:
         mark = self.marks.pop(rid, None)

@@ -113,7 +113,8 @@ class Learner:
                 self._witness_steps(outcome, entry.sent_at_s, now_s)
             if self.config.decode_windows and entry is not None and entry.first_token_s is None:
                 self.windows.open(outcome.worker_id, outcome.request_id, outcome.ts,
-                                  entry.prompt_tokens, entry.cached_tokens)  # fmt: skip
+                                  entry.prompt_tokens, entry.cached_tokens,
+                                  queue.unstarted_count > 1)  # fmt: skip
             queue.first_token(outcome.request_id, outcome.ts)
             return
         self.on_completion(queue, outcome, now_s)
@@ -178,7 +179,7 @@ class Learner:
         wid = outcome.worker_id
         step_s = outcome.decode_step_s  # the router timed the stream's token gaps
         if step_s is not None and step_s > 0:
-            if chunk and self.fits.curve(wid).default:
+            if _may_carry_chunks(window, chunk) and self.fits.curve(wid).default:
                 # whether its steps carried a chunk is judged on the curve: wait for one
                 pending = self.held_steps.setdefault(wid, [])
                 if len(pending) < MAX_HELD_STEPS:
@@ -197,12 +198,14 @@ class Learner:
             self._feed_window(wid, config_hash, held, now_s)
 
     def _decode_only(self, wid: WorkerId, window: Window, step_s: float, chunk: int) -> bool:
-        """Whether a stream's decode step ``step_s`` (its fast token gaps) is a step
-        without a prefill chunk: it is, unless prompts wait for theirs as the window
-        closes (its later steps may then carry one, whether or not any waited when it
-        opened) and it is nearer a step that carries a ``chunk``-token one than a
-        decode-only step (at the current curve and step cost)."""
-        if not chunk:
+        """Whether a stream's decode step ``step_s`` (its fast token gaps: their median) is
+        a step without a prefill chunk. It is unless prompts wait for theirs as the window
+        closes and its steps may have carried ``chunk``-token ones: every step, if prompts
+        waited at its open too; else if the prompts first served within the window make
+        chunks for at least half its steps (the median gap is then one that carried a
+        chunk). Such a step is judged: nearer a step that carries a chunk than a
+        decode-only one (at the current curve and step cost), it is left out."""
+        if not _may_carry_chunks(window, chunk):
             return True
         running = window.mean_decoding
         chunk_s = self.fits.curve(wid).a * max(chunk - running, 0.0)
@@ -494,6 +497,14 @@ class Learner:
     def _mark_busy(self, wid: WorkerId, ts: float) -> None:
         if ts > self.busy_mark_s.get(wid, -math.inf):
             self.busy_mark_s[wid] = ts
+
+
+def _may_carry_chunks(window: Window, chunk: int) -> bool:
+    """Whether a decode window's median step may carry a ``chunk``-token prefill chunk
+    (``Learner._decode_only``)."""
+    if not chunk:
+        return False
+    return window.queued_at_open or window.u >= 0.5 * window.steps * chunk
 
 
 def _least_chunk(profile: WorkerProfile) -> int:

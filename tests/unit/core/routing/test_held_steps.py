@@ -60,22 +60,27 @@ def test_a_step_timed_while_prompts_waited_is_judged_once_the_curve_is_learned(
     assert _samples(p) == 1 + kept
 
 
-@pytest.mark.parametrize(("step_s", "kept"), [(0.012, 1), (0.06, 0)])
-def test_a_step_of_a_stream_that_opened_idle_is_judged_when_prompts_came_during_it(
-    step_s: float, kept: int
+@pytest.mark.parametrize(("step_s", "served_within", "kept"),
+                         [(0.012, 6, 1), (0.06, 6, 0), (0.06, 1, 1)])  # fmt: skip
+def test_a_step_of_a_stream_that_opened_idle_is_judged_when_chunks_filled_its_steps(
+    step_s: float, served_within: int, kept: int
 ) -> None:
     """Prompts that arrive while a stream decodes make its steps carry their chunks just the
     same: on ``poisson-long/random-2/1.0`` (cache-aware routing, its queue on one worker)
     such steps, taken as decode-only, read a step overhead of 88–106 ms against a true
-    7.7 ms, ``a`` fell to 1.5 µs against 47, and within 1 s was 75.5% (97.8% judged)."""
+    7.7 ms, ``a`` fell to 1.5 µs against 47, and within 1 s was 75.5% (97.8% judged). A
+    stream whose window saw chunks for fewer than half its steps (its median gap carried
+    none) is not judged."""
     p = _service()
     for k in range(10):  # the curve is learned: a = 2e-5 s per token
         n = 1000 + 700 * k
         p.fits.observe_cold("w0", "c", n, 2e-5 * n, 1.0)
     _send(p, "r", 500, 2.0)
-    _out(p, "r", "first_token", 2.001)  # its window opens with nothing waiting
-    for k in range(6):  # then 60,000 tokens come: every later step carries a chunk
+    _out(p, "r", "first_token", 2.001)  # its window (49 steps) opens with nothing waiting
+    for k in range(7):  # then 70,000 tokens come: chunks of 2,048 tokens
         _send(p, f"q{k}", 10_000, 2.01)
-    _out(p, "r", "completion", 3.0, step_s)  # and still wait at its close
+    for k in range(served_within):  # served within the window: 10,000 tokens each
+        _out(p, f"q{k}", "first_token", 2.2 + 0.1 * k)
+    _out(p, "r", "completion", 3.0, step_s)  # and prompts still wait at its close
     # judged at a = 2e-5: a 2048-token chunk is 40 ms, so 60 ms carried one
     assert _samples(p) == kept
