@@ -65,6 +65,7 @@ group 0 counts).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -158,12 +159,14 @@ class KvSteps:
         self.unwitnessed = 0  # dropped with no witness: an idle gap, or a witness lost
 
     def on_batch(
-        self, batch: KvBatch, block_size: int, decoding: float, waiting_since: float | None = None
-    ) -> list[StepSample]:
+        self, batch: KvBatch, block_size: int, decoding: float,
+        waiting_since: Callable[[], float | None] = lambda: None,
+    ) -> list[StepSample]:  # fmt: skip
         """A worker's batch, while ``decoding`` sequences run there and a request the
-        router sent at ``waiting_since`` still waits for its first token (its queue model):
-        the step that ended with it, if that request was sent before the step began or a
-        first token witnessed the step already (else it is held for one)."""
+        router sent at ``waiting_since()`` still waits for its first token (its queue
+        model; asked only when the batch ends a step): the step that ended with it, if that
+        request was sent before the step began or a first token witnessed the step already
+        (else it is held for one)."""
         wid = batch.worker_id
         u, v, placed = self._stored(wid, batch, block_size)
         last = self._last.get(wid)
@@ -174,10 +177,9 @@ class KvSteps:
         if batch.seq != last.seq + 1 or not 0.0 < seconds <= MAX_STEP_S:
             return []
         sample = StepSample(float(u), float(v), seconds, placed, decoding, last.ts, batch.ts)
-        held = self._held.get(wid)
-        if held is None:
-            held = self._held[wid] = _Held()
-        if (waiting_since is not None and waiting_since <= last.ts) or held.witnessed(sample):
+        held = self._held_of(wid)
+        since = waiting_since()
+        if (since is not None and since <= last.ts) or held.witnessed(sample):
             self.samples += 1
             return [sample]
         samples = held.samples
@@ -191,19 +193,22 @@ class KvSteps:
         """A request sent to ``wid`` at ``sent_s`` had its first token at ``first_s``: it
         waited or prefilled there all along, so every step between two batches within that
         span was one the engine ran without pause. Those held are given out."""
+        held = self._held_of(wid)
+        held.witnesses.append((sent_s, first_s))
+        out: list[StepSample] = []
+        kept: deque[StepSample] = deque()
+        for x in held.samples:
+            (out if sent_s <= x.start_ts and x.end_ts <= first_s else kept).append(x)
+        if out:
+            held.samples = kept
+            self.samples += len(out)
+        return out
+
+    def _held_of(self, wid: WorkerId) -> _Held:
         held = self._held.get(wid)
         if held is None:
             held = self._held[wid] = _Held()
-        held.witnesses.append((sent_s, first_s))
-        if not held.samples:
-            return []
-        out = [x for x in held.samples if sent_s <= x.start_ts and x.end_ts <= first_s]
-        if out:
-            held.samples = deque(
-                x for x in held.samples if not (sent_s <= x.start_ts and x.end_ts <= first_s)
-            )
-            self.samples += len(out)
-        return out
+        return held
 
     def forget(self, wid: WorkerId) -> None:
         """A worker gone or reset: its state goes."""

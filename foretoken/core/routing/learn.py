@@ -111,10 +111,10 @@ class Learner:
             entry = queue.get(outcome.request_id)
             if entry is not None and entry.first_token_s is None:
                 self._witness_steps(outcome, entry.sent_at_s, now_s)
-            if self.config.decode_windows and entry is not None and entry.first_token_s is None:
-                self.windows.open(outcome.worker_id, outcome.request_id, outcome.ts,
-                                  entry.prompt_tokens, entry.cached_tokens,
-                                  queue.unstarted_count > 1)  # fmt: skip
+                if self.config.decode_windows:
+                    self.windows.open(outcome.worker_id, outcome.request_id, outcome.ts,
+                                      entry.prompt_tokens, entry.cached_tokens,
+                                      queue.unstarted_count > 1)  # fmt: skip
             queue.first_token(outcome.request_id, outcome.ts)
             return
         self.on_completion(queue, outcome, now_s)
@@ -286,7 +286,10 @@ class Learner:
         profile, queue = self.book.profiles.get(wid), self.book.queues.get(wid)
         if not self.config.kv_step_samples or profile is None or queue is None:
             return False
-        waiting = queue.first_unstarted_sent(batch.ts - MAX_HOLD_S, self.unacted)
+
+        def waiting() -> float | None:
+            return queue.first_unstarted_sent(batch.ts - MAX_HOLD_S, self.unacted)
+
         samples = self.kv_steps.on_batch(batch, profile.block_size, float(queue.decoding_count),
                                          waiting)  # fmt: skip
         return self._feed_steps(wid, samples, now_s)
