@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import json
 import logging
+import socket
 import time
 import uuid
 from collections import deque
@@ -35,7 +36,6 @@ import zmq.asyncio
 from aiohttp import web
 
 from foretoken.adapters.engines.engines_file import EngineConfig
-from foretoken.adapters.ports import free_port
 from foretoken.core.tokenizer import SimTokenizer, chat_to_text
 from foretoken.core.types import RequestId
 from foretoken.sim.engine import EngineModel, RequestTooLarge, StepResult
@@ -359,15 +359,32 @@ def _events(head: dict[str, Any], choices: list[dict[str, Any]],
 # ---------------------------------------------------------------------- the fleet
 
 
-def assign_ports(n: int, host: str, base_port: int, kv_base_port: int) -> list[Ports]:
-    """Fixed ports from the bases, or free ones when a base is 0 (tests)."""
+def assign_ports(n: int, base_port: int, kv_base_port: int) -> list[Ports]:
+    """Fixed ports from the bases; 0 where a base is 0: the socket is bound to a port the
+    system picks when the fleet starts (tests — no probe-then-bind race with other processes)."""
     out = []
     for i in range(n):
-        http = base_port + i if base_port else free_port(host)
-        kv = kv_base_port + 2 * i if kv_base_port else free_port(host)
-        replay = kv_base_port + 2 * i + 1 if kv_base_port else free_port(host)
+        http = base_port + i if base_port else 0
+        kv = kv_base_port + 2 * i if kv_base_port else 0
+        replay = kv_base_port + 2 * i + 1 if kv_base_port else 0
         out.append(Ports(http, kv, replay))
     return out
+
+
+def _bind_zmq(sock: zmq.asyncio.Socket, host: str, port: int) -> int:
+    if port:
+        sock.bind(f"tcp://{host}:{port}")
+        return port
+    return sock.bind_to_random_port(f"tcp://{host}")
+
+
+def _bind_http(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
 
 
 class Fleet:
@@ -382,7 +399,7 @@ class Fleet:
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
-        ports = assign_ports(len(fleet.engines), host, base_port, kv_base_port)
+        ports = assign_ports(len(fleet.engines), base_port, kv_base_port)
         self.engines = [
             SimEngine(s, p, host, time_scale) for s, p in zip(fleet.engines, ports, strict=True)
         ]
@@ -396,11 +413,13 @@ class Fleet:
 
     async def start(self) -> None:
         for engine in self.engines:
-            engine.pub.bind(f"tcp://{self.host}:{engine.ports.kv}")
-            engine.router.bind(f"tcp://{self.host}:{engine.ports.replay}")
+            kv = _bind_zmq(engine.pub, self.host, engine.ports.kv)
+            replay = _bind_zmq(engine.router, self.host, engine.ports.replay)
+            http = _bind_http(self.host, engine.ports.http)
+            engine.ports = Ports(http.getsockname()[1], kv, replay)
             runner = web.AppRunner(make_app(engine), access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, self.host, engine.ports.http).start()
+            await web.SockSite(runner, http).start()
             self.runners.append(runner)
             self.tasks.append(asyncio.create_task(engine.run_steps()))
             self.tasks.append(asyncio.create_task(engine.serve_replay()))
