@@ -30,8 +30,11 @@ def run_one(name: str, quick: bool, **options: Any) -> dict[str, Any]:
     fn: Callable[..., dict[str, Any]] = module.run
     started = time.time()
     result = fn(quick, **options)
+    # ``summary`` also at the top: `--json | jq .summary.X` reads the same flat figures
+    # as `--summary` does (it stays inside ``result`` too, where earlier reports had it).
     report = {"benchmark": name, "quick": quick, **options, "started_ts": started,
-              "wall_s": round(time.time() - started, 3), "result": result}  # fmt: skip
+              "wall_s": round(time.time() - started, 3), "summary": result.get("summary"),
+              "result": result}  # fmt: skip
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     suffix = "".join(f"-{k}{v}" for k, v in options.items())
     (OUT_DIR / f"{name}{suffix}.json").write_text(json.dumps(report, indent=2))

@@ -76,3 +76,21 @@ def test_the_index_bench_runs_its_measurements_by_name_in_a_subprocess() -> None
     for call in ("bench_ingest('native', 2000)", "measure_memory('native', 2000)"):
         result = index_bench._in_subprocess(call)
         assert isinstance(result, dict) and result
+
+
+def test_a_full_report_carries_the_flat_summary_at_its_top(monkeypatch: Any, tmp_path: Any) -> None:
+    """`foretoken bench X --json | jq .summary.Y` reads what `--summary` prints."""
+    import sys
+    import types
+
+    from foretoken.bench import run as bench_run
+
+    module: Any = types.ModuleType("fake_bench")
+    module.run = lambda quick: {"detail": {"n": 3}, "summary": {"figure_ms": 1.5, "quick": quick}}
+    monkeypatch.setitem(sys.modules, "fake_bench", module)
+    monkeypatch.setitem(bench_run.BENCHMARKS, "fake", "fake_bench")
+    monkeypatch.setattr(bench_run, "OUT_DIR", tmp_path)
+    report = bench_run.run_one("fake", True)
+    assert report["summary"] == {"figure_ms": 1.5, "quick": True}
+    assert report["result"]["summary"] == report["summary"]
+    assert (tmp_path / "fake.json").exists()
