@@ -148,6 +148,8 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
                 f"ingest.max_record_bytes ({i.max_record_bytes}) + {RECORD_OVERHEAD_BYTES} must "
                 f"not exceed kafka.max_request_bytes ({kafka.max_request_bytes})"
             )
+        if kafka.fetch_min_bytes < 1 or kafka.fetch_max_wait_ms < 0:
+            raise ValueError("kafka.fetch_min_bytes must be >= 1, kafka.fetch_max_wait_ms >= 0")
         if min(i.max_message_bytes, i.receive_hwm, i.offload_bytes, i.max_undecodable_run) < 1:
             raise ValueError(
                 "ingest.max_message_bytes, receive_hwm, offload_bytes and max_undecodable_run "
