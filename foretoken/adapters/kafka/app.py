@@ -34,7 +34,7 @@ from foretoken.adapters.kafka.pages import add_pages
 from foretoken.adapters.kafka.processor import ProcessorState
 from foretoken.adapters.kafka.producer import record_key
 from foretoken.adapters.kafka.replica import Rebalancer
-from foretoken.adapters.kafka.transport import BatchedFetchTransport
+from foretoken.adapters.kafka.transport import FAUST_FETCH, BatchedFetchTransport
 from foretoken.settings import Settings
 from foretoken.wire.codec import encode
 from foretoken.wire.partitioning import model_partition
@@ -49,7 +49,7 @@ class ProcessorApp(faust.App):
     where they must start there: :mod:`.replica`)."""
 
     rebalancer: Rebalancer | None = None
-    fetch_options: tuple[int, int] = (1, 1500)  # Faust's own; create_app sets the settings'
+    fetch_options = FAUST_FETCH  # create_app sets the settings'
 
     def _new_transport(self) -> Any:
         return BatchedFetchTransport(self.conf.broker_consumer, self)

@@ -15,11 +15,13 @@ from typing import Any, ClassVar
 
 from faust.transport.drivers import aiokafka as driver
 
+FAUST_FETCH: tuple[int, int] = (1, 1500)  # (min bytes, max wait ms) Faust itself asks for
+
 
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        fetch: tuple[int, int] = getattr(self.app, "fetch_options", (1, 1500))  # set by the app
+        fetch: tuple[int, int] = getattr(self.app, "fetch_options", FAUST_FETCH)
         # aiokafka keeps its constructor's options in these two fields until start(), which
         # hands them to its Fetcher; Faust passes no way to set them. Checked, not assumed:
         for name in ("_fetch_min_bytes", "_fetch_max_wait_ms"):
