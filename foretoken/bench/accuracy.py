@@ -42,7 +42,7 @@ from typing import Any
 
 import msgspec
 
-from foretoken.bench.baselines import SEED, ShadowBaselines, fit_baselines, warm_started_replica
+from foretoken.bench.baselines import SEED, ShadowBaselines, profile_replay, warm_started_replica
 from foretoken.bench.predict_bench import BASELINES, PROFILED, accuracy
 from foretoken.core.types import RequestId
 from foretoken.settings import load_settings
@@ -163,9 +163,7 @@ def profile(lengths: list[int], fleet: FleetSpec) -> dict[str, Any]:
                      segment_keys=(PROFILE_KEY_BASE + i,), segment_lengths=(n,))
         for i, n in enumerate(lengths)
     ]  # fmt: skip
-    policy = make_policy("round-robin", FleetLedger.for_fleet(fleet), seed=SEED)
-    result = replay(requests, fleet, policy, progress=False)
-    return fit_baselines(result.records, [spec.id for spec in fleet.engines])
+    return profile_replay(requests, fleet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +176,7 @@ class Prepared:
     seed: int
     calibration: float
     fits: dict[str, Any] = field(default_factory=dict)
-    cold: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    warm: bytes = b""  # the profile follower's fit snapshot (warm_started_replica)
     refused: int = 0
     requests: int = 0
     wall_s: float = 0.0
@@ -192,7 +190,7 @@ def prepare(trace: str, fleet: str, limit: int | None, seed: int, *, calibration
     cal = calibrate(requests, spec, calibration_steps)
     prof = profile(profile_lengths(trace, profile_requests, spec, seed), spec)
     return Prepared(trace, fleet, limit, seed, cal["fraction_of_no_reuse"], prof["fits"],
-                    prof["cold_samples"], refused, len(requests),
+                    prof["replica_fits"], refused, len(requests),
                     round(time.perf_counter() - started, 1))  # fmt: skip
 
 
@@ -245,11 +243,11 @@ def run_cell(prep: Prepared, load: float, routing: str | None = None) -> dict[st
     requests, fleet, speedup = cell_inputs(prep, load)
     if routing is None:
         policy = PredictorPolicy.for_fleet(fleet, seed=SEED, settings=load_settings())
-        replica = warm_started_replica(without_schedule(fleet), prep.cold)
+        replica = warm_started_replica(without_schedule(fleet), prep.warm)
         shadow = ShadowBaselines(policy, prep.fits, replica)
     else:  # the cold predictor as a read replica of a baseline's routing
         inner = make_policy(routing, FleetLedger.for_fleet(fleet), seed=SEED)
-        replica = warm_started_replica(without_schedule(fleet), {})
+        replica = warm_started_replica(without_schedule(fleet), None)
         shadow = ShadowBaselines(inner, prep.fits, replica)
     result = replay(requests, fleet, shadow, speedup=speedup, progress=False)
     graded = accuracy(result.records, shadow, replica_routed=routing is not None)

@@ -64,7 +64,7 @@ from foretoken.bench.baselines import (
     ShadowBaselines,
     _alone_and_ahead,
     _Served,
-    fit_baselines,
+    profile_replay,
     warm_started_replica,
 )
 from foretoken.core.types import RequestId
@@ -271,7 +271,7 @@ class Job:
     limit: int | None
     calibration: float  # the calibrated capacity as a fraction of the no-reuse one
     fits: dict[str, BaselineFit] = field(default_factory=dict)  # with fits: shadow baselines
-    cold: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # profile samples
+    warm: bytes = b""  # the profile follower's fit snapshot (warm_started_replica)
 
 
 def profile_trace(requests: int) -> list[TraceRequest]:
@@ -299,9 +299,9 @@ def capacities(trace: Sequence[TraceRequest], fleet: FleetSpec, calibration: flo
     }
 
 
-def _policy(name: str, fleet: FleetSpec, cold: dict[str, list[tuple[int, float]]]) -> Any:
+def _policy(name: str, fleet: FleetSpec, warm: bytes) -> Any:
     if name == PROFILED_POLICY:
-        return warm_started_replica(fleet, cold)
+        return warm_started_replica(fleet, warm)
     if name == PredictorPolicy.name:
         # the processor's settings (TOML, environment): e.g. the index backend
         return PredictorPolicy.for_fleet(fleet, seed=SEED, settings=load_settings())
@@ -314,10 +314,10 @@ def run_job(job: Job) -> dict[str, Any]:
     speedup = job.load * capacities(trace, fleet, job.calibration)[job.capacity]
     if job.bounded:
         trace = BoundMix.parse(BOUND_MIX).assign(trace, seed=SEED)
-    policy = _policy(job.policy, fleet, job.cold)
+    policy = _policy(job.policy, fleet, job.warm)
     shadow = None
     if job.fits:
-        replica = warm_started_replica(fleet, job.cold) if job.cold else None
+        replica = warm_started_replica(fleet, job.warm) if job.warm else None
         shadow = ShadowBaselines(policy, job.fits, replica)
     result = replay(trace, fleet, shadow or policy, speedup=speedup, progress=False)
     span_s = trace[-1].arrival_s - trace[0].arrival_s
@@ -338,9 +338,7 @@ def profile(requests: int) -> dict[str, Any]:
     time per worker; the baselines' fits and the replica's starting samples."""
     fleet = load_fleet(FLEET)
     started = time.perf_counter()
-    policy = _policy("round-robin", fleet, {})
-    result = replay(profile_trace(requests), fleet, policy, progress=False)
-    fitted = fit_baselines(result.records, [spec.id for spec in fleet.engines])
+    fitted = profile_replay(profile_trace(requests), fleet)
     fitted["wall_s"] = round(time.perf_counter() - started, 1)
     return fitted
 
@@ -355,7 +353,7 @@ def calibrate(requests: int, steps: int) -> dict[str, Any]:
     probes = []
     for _ in range(steps):
         mid = (low + high) / 2
-        policy = _policy("least-outstanding-tokens", fleet, {})
+        policy = _policy("least-outstanding-tokens", fleet, b"")
         p95 = summary(replay(trace, fleet, policy, speedup=mid * base, progress=False).records)
         probes.append({"fraction": round(mid, 4), "ttft_p95_s": p95["ttft_p95_s"]})
         low, high = (mid, high) if p95["ttft_p95_s"] <= CALIBRATION_P95_S else (low, mid)
@@ -365,11 +363,11 @@ def calibrate(requests: int, steps: int) -> dict[str, Any]:
 def _jobs(limit: int | None, loads: Sequence[float], kinds: Sequence[str],
           calibration: float, profiled: dict[str, Any]) -> list[Job]:  # fmt: skip
     """The longest jobs (the predictor's) first, so the process pool packs well."""
-    fits, cold = profiled["fits"], profiled["cold_samples"]
+    fits, warm = profiled["fits"], profiled["replica_fits"]
     grid = [(kind, load) for kind in kinds for load in loads]
-    jobs = [Job(PredictorPolicy.name, k, x, False, limit, calibration, fits, cold) for k, x in grid]
+    jobs = [Job(PredictorPolicy.name, k, x, False, limit, calibration, fits, warm) for k, x in grid]
     for name in POLICIES:
-        jobs += [Job(name, k, x, True, limit, calibration, cold=cold) for k, x in grid]
+        jobs += [Job(name, k, x, True, limit, calibration, warm=warm) for k, x in grid]
     return jobs
 
 

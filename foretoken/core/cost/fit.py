@@ -67,6 +67,11 @@ MIN_DECODE_OUTPUT_TOKENS: Final = 4
 MAD_TO_SIGMA: Final = 1.4826  # MAD → standard deviation for a normal distribution
 MIN_PREDICTION_FRACTION: Final = 1e-9  # ŷ is floored at this fraction of y (finite 1/ŷ)
 SNAPSHOT_VERSION: Final = 1
+# A cold sample keeps at least this share of its seconds when its steps' overheads are
+# taken off (more would say the step cost, not the prompt, is wrong).
+COLD_OVERHEAD_FLOOR: Final = 0.5
+# The cold curve is refitted for a step overhead that moved by more than this fraction.
+OVERHEAD_REFIT_TOLERANCE: Final = 0.02
 
 
 # --------------------------------------------------------------------------- config
@@ -342,11 +347,12 @@ class FitState(msgspec.Struct, array_like=True, frozen=True):
     """One online fit's snapshot: its window oldest first as (x, y, ts), its counters and
     its current solution (restored as is: a restored fit answers exactly as before)."""
 
-    samples: list[tuple[float, float, float, float]]  # (x, y, ts, cached)
+    samples: list[tuple[float, ...]]  # (x, y, ts, cached[, steps]); steps 0 if absent
     observed: int
     version: int
     pending: int
     solution: _Solution | None
+    overhead_off_s: float = 0.0  # the step overhead the solution took off (prefill fits)
 
 
 def _positive_finite(*values: float) -> bool:
@@ -367,6 +373,9 @@ class _OnlineFit(Generic[V]):
         self._x, self._y = np.zeros(robust.window), np.zeros(robust.window)
         self._ts, self._seq = np.zeros(robust.window), np.zeros(robust.window)
         self._c = np.zeros(robust.window)  # cached part of x (prefill samples with a hit)
+        # the steps a cold sample's prefill took; their overheads, at ``_off_s`` each, are
+        # taken off its seconds in the fit (OnlinePrefillFit.with_overhead)
+        self._cold_steps, self._off_s = np.zeros(robust.window), 0.0
         self.samples = 0  # in the window
         self.observed = 0  # accepted since this fit started
         self._pushed = 0  # the sequence number of the next sample (ages count in these)
@@ -390,10 +399,10 @@ class _OnlineFit(Generic[V]):
         self._refit()
         return self.value
 
-    def _add(self, x: float, y: float, ts: float, c: float = 0.0) -> bool:
+    def _add(self, x: float, y: float, ts: float, c: float = 0.0, steps: float = 0.0) -> bool:
         if not (_positive_finite(y) and math.isfinite(x) and math.isfinite(ts)):
             return False
-        self._push(x, y, ts, c)
+        self._push(x, y, ts, c, steps)
         self.observed += 1
         self._pending += 1
         self._value = None
@@ -402,10 +411,10 @@ class _OnlineFit(Generic[V]):
             self._refit()
         return True
 
-    def _push(self, x: float, y: float, ts: float, c: float = 0.0) -> None:
+    def _push(self, x: float, y: float, ts: float, c: float = 0.0, steps: float = 0.0) -> None:
         slot = self._pushed % len(self._x)
         self._x[slot], self._y[slot], self._ts[slot], self._seq[slot] = x, y, ts, self._pushed
-        self._c[slot] = c
+        self._c[slot], self._cold_steps[slot] = c, steps
         self._pushed += 1
         self.samples = min(self.samples + 1, len(self._x))
 
@@ -421,7 +430,11 @@ class _OnlineFit(Generic[V]):
         if cfg.half_life_s is not None:
             log2_weight -= (ts.max() - ts) / cfg.half_life_s
         x0, x1 = self._columns(self._x[:n], self._c[:n])
-        solution = _fit_robust(x0, x1, self._y[:n], np.exp2(log2_weight), cfg)
+        y = self._y[:n]
+        if self._off_s > 0:  # a step overhead taken off, unless it would take most of it
+            bare = y - self._cold_steps[:n] * self._off_s
+            y = np.where(bare > COLD_OVERHEAD_FLOOR * y, bare, y)
+        solution = _fit_robust(x0, x1, y, np.exp2(log2_weight), cfg)
         if solution is not None:
             self._solution = solution
             self._version += 1
@@ -440,20 +453,23 @@ class _OnlineFit(Generic[V]):
 
     def state(self) -> FitState:
         order = np.argsort(self._seq[: self.samples], kind="stable")
-        rows = [
-            (float(self._x[i]), float(self._y[i]), float(self._ts[i]), float(self._c[i]))
+        rows: list[tuple[float, ...]] = [
+            (float(self._x[i]), float(self._y[i]), float(self._ts[i]), float(self._c[i]),
+             float(self._cold_steps[i]))
             for i in order
-        ]
-        return FitState(rows, self.observed, self._version, self._pending, self._solution)
+        ]  # fmt: skip
+        return FitState(rows, self.observed, self._version, self._pending, self._solution,
+                        self._off_s)  # fmt: skip
 
     def load_state(self, state: FitState) -> None:
         """Take a snapshot's samples, counters and solution into this (fresh) fit."""
         rows = state.samples[-len(self._x) :]
-        for x, y, ts, c in rows:
-            self._push(x, y, ts, c)
+        for x, y, ts, c, *steps in rows:
+            self._push(x, y, ts, c, steps[0] if steps else 0.0)
         self.observed = max(state.observed, len(rows))
         self._version, self._pending = state.version, state.pending
         self._solution, self._value = state.solution, None
+        self._off_s = state.overhead_off_s
 
 
 class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
@@ -464,7 +480,10 @@ class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
     N (one prompt size cannot tell a from b), :attr:`curve` is the conservative default
     (``default=True``, see ``DEFAULT_A_S_PER_TOKEN``); then the robust fit of the module
     doc. TTFT also holds the engine's step overheads (about one per
-    ``max_num_batched_tokens`` tokens), which ``a`` absorbs.
+    ``max_num_batched_tokens`` tokens): a sample given with the steps its prefill took has
+    them taken off at the overhead the curve is asked with (:meth:`with_overhead`, the one
+    the queue walk adds on top), so samples taken before the step cost was learned are
+    corrected once it is; ``a`` absorbs the rest.
     """
 
     _value_type = PrefillCurve
@@ -473,17 +492,29 @@ class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
         super().__init__(config.prefill, (config.default_a, config.default_b))
         self.config = config
 
-    def observe(self, n_tokens: int, seconds: float, ts: float, cached_tokens: int = 0) -> bool:
+    def observe(self, n_tokens: int, seconds: float, ts: float, cached_tokens: int = 0,
+                steps: int = 0) -> bool:  # fmt: skip
         """Add one prefill sample: a prompt of ``n_tokens`` of which the engine reused
         ``cached_tokens``, alone on the worker, so seconds ≈ C(N) − C(cached) (new tokens
         attend to the cached context: the regressors are N − c and N² − c², which is the
-        cold case when c = 0). False (ignored) unless the uncached part and seconds are > 0."""
+        cold case when c = 0) plus ``steps`` steps' overheads. False (ignored) unless the
+        uncached part and seconds are > 0."""
         fresh = n_tokens - cached_tokens
-        return (
-            fresh > 0
-            and cached_tokens >= 0
-            and self._add(float(n_tokens), seconds, ts, float(cached_tokens))
-        )
+        if fresh <= 0 or cached_tokens < 0:
+            return False
+        return self._add(float(n_tokens), seconds, ts, float(cached_tokens), float(max(steps, 0)))
+
+    def with_overhead(self, overhead_s: float) -> PrefillCurve:
+        """The curve with ``overhead_s`` per step taken off the samples (refitted when it
+        moved by more than ``OVERHEAD_REFIT_TOLERANCE`` since the last fit)."""
+        off = self._off_s
+        if overhead_s >= 0 and abs(overhead_s - off) > OVERHEAD_REFIT_TOLERANCE * max(
+            overhead_s, off
+        ):
+            self._off_s = overhead_s
+            if self._solution is not None and bool(np.any(self._cold_steps[: self.samples] > 0)):
+                self._refit()
+        return self.value
 
     @property
     def curve(self) -> PrefillCurve:

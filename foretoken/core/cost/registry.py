@@ -66,9 +66,15 @@ class WorkerFits:
         return self.curve_with(self.step.cost)
 
     def curve_with(self, step: StepCost) -> PrefillCurve:
-        """The curve, a busy-chain one with ``step`` (the step cost the walk adds to it)
-        taken out of its samples."""
-        cold = self.prefill.curve
+        """The curve, with ``step`` (the step cost the walk adds to it) taken out of its
+        samples: a busy chain's always; a cold sample's overheads once ``step`` is learned
+        or scaled to the worker's own decode samples (:meth:`FitRegistry._prior_step`), not
+        at a bare default or a peer's (taken off at sample time, a default or scaled prior
+        made 9 of 294 graded cells worse, against 1; taken off here, where a later step fit
+        corrects it, the scaled one brought a profiled predictor from 92.8/89.2% to
+        96.7/92.6% within 1 s on the quick matrices and left the cold start's as it was)."""
+        known = not step.default or self.step.samples > 0  # learned, or scaled to samples
+        cold = self.prefill.with_overhead(step.overhead_s if known else 0.0)
         if not cold.default:
             return cold
         for fit in (self.busy, self.progress):
@@ -181,11 +187,13 @@ class FitRegistry:
 
     def observe_cold(
         self, worker_id: WorkerId, config_hash: str, n_tokens: int, seconds: float, ts: float,
-        cached_tokens: int = 0,
+        cached_tokens: int = 0, steps: int = 0,
     ) -> bool:  # fmt: skip
-        """A prefill sample (:func:`prefill_sample_cached`); False if it was ignored."""
+        """A prefill sample (:func:`prefill_sample_cached`) that took ``steps`` engine steps
+        (their overheads are taken off in the curve, :meth:`WorkerFits.curve_with`); False
+        if it was ignored."""
         fit = self._for_sample(worker_id, config_hash).prefill
-        return fit.observe(n_tokens, seconds, ts, cached_tokens)
+        return fit.observe(n_tokens, seconds, ts, cached_tokens, steps)
 
     def observe_busy(
         self, worker_id: WorkerId, config_hash: str, n_tokens: int, seconds: float, ts: float,
@@ -415,8 +423,9 @@ class FitRegistry:
         rows: list[dict[str, object]] = []
         ordered = sorted(self._fits.items(), key=lambda kv: (kv[0][0], -kv[1].introduced))
         for (worker, config_hash), fits in ordered:
-            curve, step = fits.curve, fits.step.cost
             current = self._current.get(worker) == config_hash
+            step = self._prior_step(worker)[0] if current else fits.step.cost
+            curve, step = fits.curve_with(step), fits.step.cost
             row: dict[str, object] = {"worker_id": worker, "config_hash": config_hash}
             row |= {"current": current, "observed": fits.prefill.observed}
             row |= {"source": fits.source, "busy_observed": fits.busy.observed if fits.busy else 0}

@@ -64,8 +64,6 @@ from foretoken.core.types import (
 MAX_BURST_PROMPTS = 256
 # Decode steps held per worker until it has a curve to judge them by (_observe_window).
 MAX_HELD_STEPS = 256
-# A cold sample's step overheads come off its TTFT unless that leaves less than this share.
-COLD_OVERHEAD_FLOOR = 0.5
 
 
 class Learner:
@@ -242,17 +240,12 @@ class Learner:
             # 4x too low, read the tier as nearly free)
             self._observe_tier(profile, graded, cached, tier[1], tier[2])
             return True
-        ttft = graded.actual_ttft_s
-        # Less the overheads of the steps its prefill took: the queue walk adds those on top
-        # of C(N) − C(K) (as busy-chain samples do, alone_sample) — once the worker has a
-        # step fit of its own (a default or scaled prior taken off made 9 of 294 graded
-        # cells worse, against 1), and unless that would take more than half of it.
+        # With the steps its prefill took: the queue walk adds their overheads on top of
+        # C(N) − C(K) (as busy-chain samples do, alone_sample), so the curve takes them off
+        # at the worker's learned step cost (FitRegistry.observe_cold).
         n = graded.prompt_tokens
-        step = self.fits.step_cost(wid)
-        bare = ttft - _prefill_steps(profile, n, cached) * step.overhead_s
-        if not step.default and bare > COLD_OVERHEAD_FLOOR * ttft:
-            ttft = bare
-        self.fits.observe_cold(wid, profile.config_hash, n, ttft, now_s, cached)
+        self.fits.observe_cold(wid, profile.config_hash, n, graded.actual_ttft_s, now_s, cached,
+                               _prefill_steps(profile, n, cached))  # fmt: skip
         # On a chunked engine the busy chains already took it, at its first token, as a
         # clean chain (sent to an idle engine); a serial engine's come from here.
         chains = self.config.busy_chain_budgets > 0

@@ -281,6 +281,41 @@ def test_step_cost_fit_recovers_overhead_and_per_seq() -> None:
         assert cost.decode_step_s(32) == pytest.approx(cost.overhead_s + 32 * cost.per_seq_s)
 
 
+def test_cold_samples_lose_their_steps_overheads_at_the_overhead_asked() -> None:
+    """A cold sample holds its prefill steps' overheads; the curve takes them off at the
+    overhead it is asked with (the queue walk adds them on top), samples taken before that
+    overhead was known included, and keeps them with none."""
+    a, b, overhead, chunk = 1.8e-5, 4.4e-11, 0.009, 1024
+    fit = OnlinePrefillFit()
+    for i, n in enumerate(range(2_000, 60_000, 3_000)):
+        steps = -(-n // chunk)
+        assert fit.observe(n, a * n + b * n * n + steps * overhead, float(i), 0, steps)
+    raw = fit.refit()
+    assert raw.a > 1.4 * a  # ~9 ms per 1,024 tokens absorbed into a
+    bare = fit.with_overhead(overhead)
+    assert bare.a == pytest.approx(a, rel=0.03) and bare.b == pytest.approx(b, rel=0.10)
+    assert fit.with_overhead(overhead * 1.01) is bare  # within the tolerance: no refit
+    assert fit.with_overhead(0.0).a == pytest.approx(raw.a)
+    restored = OnlinePrefillFit()  # the steps and the overhead taken off survive a snapshot
+    fit.with_overhead(overhead)
+    restored.load_state(msgspec.msgpack.decode(msgspec.msgpack.encode(fit.state()),
+                                               type=type(fit.state())))  # fmt: skip
+    assert restored.curve == fit.curve
+    assert restored.with_overhead(0.0).a == pytest.approx(raw.a)
+
+
+def test_a_snapshot_without_steps_restores_them_as_none() -> None:
+    fit = OnlinePrefillFit()
+    for i, n in enumerate(range(2_000, 40_000, 4_000)):
+        fit.observe(n, 3e-5 * n, float(i))
+    old = fit.state()
+    rows = [row[:4] for row in old.samples]  # a snapshot written before steps were kept
+    legacy = msgspec.msgpack.encode([rows, old.observed, old.version, old.pending, old.solution])
+    restored = OnlinePrefillFit()
+    restored.load_state(msgspec.msgpack.decode(legacy, type=type(old)))
+    assert restored.with_overhead(0.05) == fit.curve  # no steps: nothing to take off
+
+
 def test_step_cost_default_until_running_varies() -> None:
     fit = StepCostFit()
     for i in range(20):

@@ -166,21 +166,26 @@ def test_prefer_cache_hit_takes_the_cached_worker_even_if_slower() -> None:
 
 
 def test_cold_samples_teach_the_fit() -> None:
+    """Each cold TTFT holds its prefill's steps, each with the overhead its decode shows
+    (20 ms a token alone); the curve learns the prefill without them (the queue walk adds
+    them on top)."""
     p = _predictor(1)
-    a, b = 2e-5, 1e-9
+    a, b, step_s = 2e-5, 1e-9, 0.02
+    settings = p.book.profiles["w0"].scheduler  # type: ignore[index]
+    chunk = min(settings.max_num_batched_tokens, settings.long_prefill_token_threshold or 1 << 62)
     t = 0.0
     for i, n in enumerate([1000, 2000, 4000, 8000, 12000, 16000, 24000, 32000, 48000, 64000]):
         rid = f"s{i}"
         resp = p.route(_req(rid, n).query(), t, t)
         assert resp.admitted
-        actual = a * n + b * n * n
+        actual = a * n + b * n * n + -(-n // chunk) * step_s
         first = Outcome(request_id=rid, ts=t + actual, kind="first_token", worker_id="w0",
                         actual_ttft_s=actual)  # type: ignore[arg-type]  # fmt: skip
         p.on_outcome(first, t + actual)
-        done = Outcome(request_id=rid, ts=t + actual + 0.1, kind="completion", worker_id="w0",
-                       actual_ttft_s=actual, e2e_s=actual + 0.1, output_tokens=5,
-                       engine_cached_tokens=0)  # type: ignore[arg-type]  # fmt: skip
-        p.on_outcome(done, t + actual + 0.1)
+        done = Outcome(request_id=rid, ts=t + actual + 4 * step_s, kind="completion",
+                       worker_id="w0", actual_ttft_s=actual, e2e_s=actual + 4 * step_s,
+                       output_tokens=5, engine_cached_tokens=0)  # type: ignore[arg-type]  # fmt: skip
+        p.on_outcome(done, t + actual + 4 * step_s)
         graded = Graded(request_id=rid, ts=t, model=MODEL, workload_class="d", worker_id="w0",
                         status="served", admitted=True, prompt_tokens=n, actual_ttft_s=actual,
                         engine_cached_tokens=0)  # type: ignore[arg-type]  # fmt: skip
