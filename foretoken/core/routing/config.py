@@ -61,6 +61,13 @@ class PredictorConfig:
     # when the prefill the queue ahead must still compute exceeds the GPU blocks no running
     # sequence reserves (LRU eviction reaches it first; foretoken.core.routing.predict).
     evict_under_pressure: bool = True
+    # A held prompt's credit keeps only the depth shared by a holder behind which the prompts
+    # sent later, still without a first token, compute no more than the worker's whole GPU
+    # pool (its blocks, freed when it finishes, are evicted before a prompt sent now starts);
+    # not on a worker with an offload tier. Off: on the quick matrix it halved the `small`
+    # fleet's cache disagreement but took two routed cells below the best baseline
+    # (docs/BENCHMARKS.md, session 41).
+    evict_held_under_pressure: bool = False
     # A prompt alone on its worker gives prefill samples before its first token, from the
     # time stamps of the KV batches that store its blocks (foretoken.core.routing.kv_progress).
     kv_progress_samples: bool = True

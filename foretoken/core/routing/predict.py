@@ -165,6 +165,35 @@ class Predictions:
             for profile in profiles
         ]  # fmt: skip
 
+    def _held_surviving(self, profile: WorkerProfile, chain: np.ndarray, depth: int) -> int:
+        """How many of ``chain``'s first ``depth`` blocks (a held prompt's credit) are still
+        in the GPU tier when a prompt sent now starts. A held prompt's blocks are freed when
+        it finishes, at the fresh end of the engine's LRU, and evicted once the prompts sent
+        after it that had no first token yet compute more tokens than the whole GPU pool;
+        so the credit is the deepest share of a holder with no more than that behind it
+        (the prompts sent later, walked newest first, each refreshing what it shares)."""
+        if not (self.config.evict_held_under_pressure and profile.gpu_blocks):
+            return depth
+        if len(profile.tiers) > 1:  # evicted blocks are offloaded, and reused from there
+            return depth
+        pool = profile.gpu_blocks * profile.block_size
+        queue = self.book.queues[profile.worker_id]
+        behind, best = 0, 0
+        for rid, held in self.sent.held_at(profile.worker_id):
+            if behind > pool:
+                break
+            entry = queue.get(rid)
+            if entry is None:
+                continue
+            m = min(len(held), len(chain), depth)
+            same = held[:m] == chain[:m]
+            best = max(best, m if bool(same.all()) else int(np.argmin(same)))
+            if best >= depth:
+                break
+            if entry.first_token_s is None:
+                behind += entry.prompt_tokens - entry.cached_tokens
+        return best
+
     def _one(
         self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float, out: int,
         chain: np.ndarray | None, held_blocks: int = 0,
@@ -175,6 +204,9 @@ class Predictions:
         source = profile.cache_source
         # the engine counts at most (n - 1) // block_size blocks, one less with EAGLE
         held = (held_blocks - profile.eagle) * profile.block_size if held_blocks else 0
+        if held > 0 and chain is not None:
+            kept = self._held_surviving(profile, chain, held_blocks)
+            held = (kept - profile.eagle) * profile.block_size if kept > profile.eagle else 0
         if held > 0 and (hit is None or held > hit.tokens):
             # a prompt still held there shares more: it will be in the GPU tier when this
             # one starts (the earlier prompt loads or computes it first)

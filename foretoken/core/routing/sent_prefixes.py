@@ -139,6 +139,10 @@ class SentPrefixes:
         for rid in [r for r, (w, _) in self._sent.items() if w == wid]:
             del self._sent[rid]
 
+    def held_at(self, wid: WorkerId) -> list[tuple[RequestId, np.ndarray]]:
+        """The prompts held at ``wid`` (request id, own-hash chain), the last sent first."""
+        return [(rid, chain) for rid, (w, chain) in reversed(self._sent.items()) if w == wid]
+
     def depths(self, chain: np.ndarray, max_blocks: int,
                workers: Sequence[WorkerId]) -> dict[WorkerId, int]:  # fmt: skip
         """For each of ``workers`` holding anything, how many leading blocks of ``chain``

@@ -78,3 +78,23 @@ def test_the_depth_a_held_prompt_shares_survives_the_pressure(native: bool) -> N
     grant = busy.route(_req("a", CACHED + [7] * 200).query(), 0.0, 0.0)
     assert grant.cached_tokens == 256 and grant.cached_tier == "GPU"
     assert grant.cache_source == CacheSource.EVENTS  # the index's hit, cut to what survives
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_with_held_eviction_a_holder_with_a_pool_behind_it_vouches_for_nothing(
+    native: bool,
+) -> None:
+    """``evict_held_under_pressure``: the holder's blocks are freed when it finishes and the
+    12,000 tokens sent after it evict them from a 4,096-token pool before the new prompt
+    starts; with the fillers sent *before* the holder nothing is behind it and its depth
+    stays."""
+    behind = _service(native, gpu_blocks=256, evict_held_under_pressure=True)
+    behind.route(_req("head", CACHED[:256] + [5] * 300).query(), 0.0, 0.0)
+    for i in range(8):
+        behind.route(_req(f"f{i}", _filler(i)).query(), 0.0, 0.0)
+    assert behind.route(_req("a", CACHED + [7] * 200).query(), 0.0, 0.0).cached_tokens == 0
+    before = _service(native, gpu_blocks=256, evict_held_under_pressure=True)
+    for i in range(8):
+        before.route(_req(f"f{i}", _filler(i)).query(), 0.0, 0.0)
+    before.route(_req("head", CACHED[:256] + [5] * 300).query(), 0.0, 0.0)
+    assert before.route(_req("a", CACHED + [7] * 200).query(), 0.0, 0.0).cached_tokens == 256
