@@ -27,7 +27,8 @@ MODEL = "m"
 CACHED = list(range(1, 513))  # 32 blocks the engine reported stored
 
 
-def _service(native: bool, gpu_blocks: int, **cfg: object) -> RouteService:
+def _service(native: bool, gpu_blocks: int, tiers: tuple[str, ...] = ("GPU",),
+             **cfg: object) -> RouteService:  # fmt: skip
     index = NativeIndex() if native else PrefixIndex()
     config = PredictorConfig(**{"explore_fraction": 0.0, **cfg})  # type: ignore[arg-type]
     service = RouteService(index, config=config)
@@ -35,7 +36,7 @@ def _service(native: bool, gpu_blocks: int, **cfg: object) -> RouteService:
         worker_id="w0", model=MODEL, engine="vllm", engine_version="x", block_size=BLOCK,
         scheduler=SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=4),
         endpoints=WorkerEndpoints(http_url="http://w0"), config_hash="c", ts=0.0,
-        gpu_blocks=gpu_blocks,
+        gpu_blocks=gpu_blocks, tiers=tiers,  # type: ignore[arg-type]
     )  # fmt: skip
     index.register_worker(reg.worker_id, reg.model, reg.block_size)
     service.on_registration(reg)
@@ -98,3 +99,13 @@ def test_with_held_eviction_a_holder_with_a_pool_behind_it_vouches_for_nothing(
         before.route(_req(f"f{i}", _filler(i)).query(), 0.0, 0.0)
     before.route(_req("head", CACHED[:256] + [5] * 300).query(), 0.0, 0.0)
     assert before.route(_req("a", CACHED + [7] * 200).query(), 0.0, 0.0).cached_tokens == 256
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_held_eviction_leaves_a_worker_with_an_offload_tier_alone(native: bool) -> None:
+    """Its evicted blocks are offloaded and loaded back: the holder's depth stays."""
+    offload = _service(native, gpu_blocks=256, tiers=("GPU", "CPU"), evict_held_under_pressure=True)
+    offload.route(_req("head", CACHED[:256] + [5] * 300).query(), 0.0, 0.0)
+    for i in range(8):
+        offload.route(_req(f"f{i}", _filler(i)).query(), 0.0, 0.0)
+    assert offload.route(_req("a", CACHED + [7] * 200).query(), 0.0, 0.0).cached_tokens == 256
