@@ -203,10 +203,9 @@ class Predictions:
         deepest: Tier | None = None
         source = profile.cache_source
         # the engine counts at most (n - 1) // block_size blocks, one less with EAGLE
-        held = (held_blocks - profile.eagle) * profile.block_size if held_blocks else 0
-        if held > 0 and chain is not None:
-            kept = self._held_surviving(profile, chain, held_blocks)
-            held = (kept - profile.eagle) * profile.block_size if kept > profile.eagle else 0
+        if held_blocks and chain is not None:
+            held_blocks = self._held_surviving(profile, chain, held_blocks)
+        held = max(held_blocks - profile.eagle, 0) * profile.block_size
         if held > 0 and (hit is None or held > hit.tokens):
             # a prompt still held there shares more: it will be in the GPU tier when this
             # one starts (the earlier prompt loads or computes it first)
