@@ -23,6 +23,7 @@ absolute error.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -225,7 +226,10 @@ def explain_command(trace: str, fleet: str, loads: Sequence[float], *, limit: in
                    profile_requests=PROFILE_REQUESTS)  # fmt: skip
     work = [(prep, load) for load in loads]
     if jobs > 1 and len(work) > 1:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+        # spawned, not forked: `prepare` read the trace with polars here, and a child forked
+        # from a process whose polars thread pool has run hangs in its first polars call
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=spawn) as pool:
             runs = list(pool.map(explain_load, work))
     else:
         runs = [explain_load(w) for w in work]

@@ -62,3 +62,22 @@ def test_predicted_parts_add_up_to_the_prediction_made() -> None:
     ttft = summary["ttft"]
     mean_error = sum(r["pred_ttft"] - r["true_ttft"] for r in rows) / len(rows)
     assert ttft["error_mean_s"] == pytest.approx(mean_error, abs=1e-3)
+
+
+def test_several_loads_of_a_csv_trace_run_in_parallel_processes(tmp_path) -> None:
+    """`--explain --loads a,b` over a trace read with polars: the children are spawned (a
+    child forked after polars ran in the parent hung in its first polars call, forever)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "explain.json"
+    subprocess.run(
+        [sys.executable, "-m", "foretoken.cli", "bench", "predict", "--explain", "--trace",
+         "azure-code", "--fleet", "small", "--loads", "0.8,1.0", "--limit", "30", "--jobs", "2",
+         "--json", str(out)],
+        check=True, timeout=180, capture_output=True,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert [run["load"] for run in result["runs"]] == [0.8, 1.0]
+    assert len(result["records"]) == 60
