@@ -33,7 +33,7 @@ import numpy as np
 
 from foretoken.bench.accuracy import SEED, cell_inputs, prepare
 from foretoken.core.queue.future import Future
-from foretoken.core.queue.scheduler import NewRequest, prefill_span
+from foretoken.core.queue.scheduler import NewRequest, pinned_prefix, prefill_span
 from foretoken.core.routing.predict import step_cost
 from foretoken.core.types import RequestId, WorkerId
 from foretoken.settings import load_settings
@@ -62,6 +62,7 @@ def predicted_parts(
     cached_tokens: int,
     now_s: float,
     output_tokens: int = 1,
+    pinned_tokens: int = -1,
 ) -> dict:
     """:meth:`Future.first_token`'s walk, split into its parts (module doc)."""
     settings, cost = fut.settings, fut.cost
@@ -77,7 +78,8 @@ def predicted_parts(
              prefill_ahead=0.0, steps=0.0)  # fmt: skip
     computed, admitted, done = first, False, False
     kv = fut.kv  # the KV model: a head whose blocks do not fit waits (Future.first_token)
-    blocks = kv.blocks(prompt, first, output_tokens) if kv is not None else 0
+    pinned = pinned_prefix(first, pinned_tokens)
+    blocks = kv.blocks(prompt, pinned, output_tokens) if kv is not None else 0
     kv_cap = kv.gpu_blocks if kv is not None else 0
     for st in fut.stretches:
         left = st.budget_left
@@ -105,7 +107,8 @@ def predicted_parts(
         need = -(-(prompt - computed) // per)
         p["steps"] += need
         p["overhead"] += need * over
-    total = fut.first_token(NewRequest(prompt_tokens, cached_tokens, output_tokens), now_s).ttft_s
+    new = NewRequest(prompt_tokens, cached_tokens, output_tokens, pinned_tokens)
+    total = fut.first_token(new, now_s).ttft_s
     p["own_walk"] = cost.chunk_s(first, prompt)
     p["walk_rest"] = total - p["own_walk"] - sum(p[k] for k in QUEUE_PARTS)
     return p
@@ -130,7 +133,8 @@ class Decomposer:
                 # the Python walk: its parts are what this view splits (the native walk
                 # gives the same total, bit for bit: tests/unit/core/queue/test_native_walk.py)
                 assert isinstance(fut, Future)
-                parts = predicted_parts(fut, n, cand.cached_tokens, now_s, out)
+                parts = predicted_parts(fut, n, cand.cached_tokens, now_s, out,
+                                        cand.pinned_tokens)  # fmt: skip
                 pred = cand.prediction
                 parts["own"] = preds.fits.curve(wid).own_prefill_s(n, cand.cached_tokens)
                 parts["load"] = pred.prefill_s - parts["own"]

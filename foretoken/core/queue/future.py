@@ -32,6 +32,7 @@ from foretoken.core.queue.scheduler import (
     StepCost,
     Stretch,
     _Scheduler,
+    pinned_prefix,
     prefill_span,
 )
 from foretoken.core.types import SchedulerSettings
@@ -86,7 +87,8 @@ class Future:
         kv = self.kv
         blocks = kv_cap = 0
         if kv is not None:
-            blocks, kv_cap = kv.blocks(prompt, first, new_request.output_tokens), kv.gpu_blocks
+            pinned = pinned_prefix(first, new_request.pinned_tokens)
+            blocks, kv_cap = kv.blocks(prompt, pinned, new_request.output_tokens), kv.gpu_blocks
         chunked = settings.chunked_prefill
         cap = settings.long_prefill_token_threshold if chunked else 0
         budget, max_seqs = settings.max_num_batched_tokens, settings.max_num_seqs

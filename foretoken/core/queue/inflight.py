@@ -102,16 +102,18 @@ class InFlightEstimate:
             self._version += 1
 
     def arrive(
-        self, key: object, at_s: float, prompt_tokens: int, cached_tokens: int, output_tokens: int
-    ) -> None:
+        self, key: object, at_s: float, prompt_tokens: int, cached_tokens: int,
+        output_tokens: int, pinned_tokens: int = -1,
+    ) -> None:  # fmt: skip
         """A request reaches the engine's waiting queue at ``at_s`` (after :meth:`advance`
-        to ``at_s``; an earlier ``at_s`` is taken as a late correction)."""
+        to ``at_s``; an earlier ``at_s`` is taken as a late correction); ``pinned_tokens``:
+        of its cached tokens, those another sequence holds (-1: all; see ``KvModel``)."""
         if key in self._seqs:
             return
         self._version += 1
         first, prompt = prefill_span(prompt_tokens, cached_tokens)
         seq = _Seq(first, first, prompt, max(output_tokens, MIN_OUTPUT_TOKENS_LEFT), key)
-        seq.blocks = self._scheduler.blocks_of(seq, output_tokens)
+        seq.blocks = self._scheduler.blocks_of(seq, output_tokens, pinned_tokens)
         self._wake(at_s)
         self._scheduler.waiting.append(seq)
         self._seqs[key] = seq

@@ -59,7 +59,8 @@ PORTED = {
     ),
     "cost": frozenset({"prefill_s", "step_overhead_s", "decode_s_per_seq", "quadratic"}),
     "kv": frozenset({"gpu_blocks", "block_size"}),
-    "new_request": frozenset({"prompt_tokens", "cached_tokens", "output_tokens"}),
+    "new_request": frozenset({"prompt_tokens", "cached_tokens", "output_tokens",
+                              "pinned_tokens"}),
     "stretch": frozenset({"start_s", "steps", "per_step_s", "chunks", "budget_left", "running",
                           "waiting", "kv_used"}),
     # done_s (when the estimate finished a prefill) is read by the hand-over here, in
@@ -231,7 +232,8 @@ class NativeFuture:
 
     def first_token(self, new_request: NewRequest, now_s: float) -> QueuePrediction:
         wait, prefill, ttft, steps, ahead = self._future.first_token(
-            new_request.prompt_tokens, new_request.cached_tokens, new_request.output_tokens,
+            new_request.prompt_tokens, new_request.cached_tokens, new_request.pinned_tokens,
+            new_request.output_tokens,
             now_s,
         )  # fmt: skip
         return QueuePrediction(wait, prefill, ttft, steps, ahead)

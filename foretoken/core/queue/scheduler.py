@@ -131,15 +131,20 @@ class NewRequest(msgspec.Struct, frozen=True, gc=False):
     cached_tokens: int = 0
     # Output tokens it reserves KV blocks for (only read with a :class:`KvModel`).
     output_tokens: int = 1
+    # Of its cached tokens, how many a sequence still on the engine holds (only read with
+    # a :class:`KvModel`): the rest are free cached blocks it takes out of the pool. -1: all.
+    pinned_tokens: int = -1
 
 
 @dataclass(frozen=True, slots=True)
 class KvModel:
     """The engine's KV capacity as its registration reports it. An admitted sequence
     reserves every block it will need, ``ceil((prompt + output − 1) / block_size)`` less
-    the blocks of its credited cached prefix (shared with whoever holds them), and the
-    head of the waiting queue — with everyone behind it — waits until its blocks fit
-    (a sequence alone on the engine always starts)."""
+    the blocks of its cached prefix that another sequence on the engine holds (shared with
+    it), and the head of the waiting queue — with everyone behind it — waits until its
+    blocks fit (a sequence alone on the engine always starts). A cached block nobody holds
+    sits in the free pool (evictable), and a hit on it takes it out: it is charged, as
+    vLLM's ``get_num_blocks_to_allocate`` counts evictable computed blocks."""
 
     gpu_blocks: int
     block_size: int
@@ -167,6 +172,12 @@ def prefill_span(prompt_tokens: int, cached_tokens: int) -> tuple[int, int]:
     an engine never credits a whole prompt from its cache."""
     prompt = max(prompt_tokens, 1)
     return min(max(cached_tokens, 0), prompt - 1), prompt
+
+
+def pinned_prefix(first: int, pinned_tokens: int) -> int:
+    """The cached tokens (of the ``first`` credited) whose blocks another sequence holds:
+    ``pinned_tokens``, or all of them when it is negative (unknown)."""
+    return first if pinned_tokens < 0 else min(pinned_tokens, first)
 
 
 # ----------------------------------------------------------------------------- the core
@@ -276,9 +287,13 @@ class _Scheduler:
             return uncached
         return min(uncached, self.cap or self.budget, self.budget)
 
-    def blocks_of(self, seq: _Seq, output_tokens: int) -> int:
+    def blocks_of(self, seq: _Seq, output_tokens: int, pinned_tokens: int = -1) -> int:
+        """The blocks ``seq`` reserves; ``pinned_tokens`` of its cached prefix are held by
+        another sequence (-1: all of it)."""
         kv = self.kv
-        return 0 if kv is None else kv.blocks(seq.end, seq.first, output_tokens)
+        if kv is None:
+            return 0
+        return kv.blocks(seq.end, pinned_prefix(seq.first, pinned_tokens), output_tokens)
 
     def start_decoding(self, seq: _Seq, tokens_left: int) -> None:
         index = bisect_left(self.dec_orders, seq.order)
@@ -475,7 +490,9 @@ def _run_to_first_token(
 ) -> QueuePrediction:
     first, prompt = prefill_span(new_request.prompt_tokens, new_request.cached_tokens)
     target = _Seq(first, first, prompt, _NEVER_LEAVES)
-    target.blocks = scheduler.blocks_of(target, new_request.output_tokens)
+    target.blocks = scheduler.blocks_of(
+        target, new_request.output_tokens, new_request.pinned_tokens
+    )
     scheduler.waiting.append(target)
     scheduler.free_at_s = max(scheduler.free_at_s, now_s)
     steps_before = scheduler.steps

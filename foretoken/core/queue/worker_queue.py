@@ -68,6 +68,7 @@ class Outstanding:
     cached_tokens: int
     expected_output_tokens: int
     first_token_s: float | None = None
+    pinned_tokens: int = -1  # of the cached tokens, those another sequence holds (-1: all)
 
 
 # (time, arrival number, kind, request): ordered by time, then by arrival.
@@ -81,6 +82,7 @@ class OutstandingState(msgspec.Struct, array_like=True, frozen=True, gc=False):
     cached_tokens: int
     expected_output_tokens: int
     first_token_s: float | None = None
+    pinned_tokens: int = -1  # trailing: a snapshot without it reads as "all"
 
 
 class WorkerQueueState(msgspec.Struct, array_like=True, gc=False):
@@ -142,13 +144,17 @@ class WorkerQueue:
         prompt_tokens: int,
         cached_tokens: int,
         expected_output_tokens: int,
+        pinned_tokens: int = -1,
     ) -> bool:
-        """A request was sent to this worker; False if it is already known."""
+        """A request was sent to this worker; False if it is already known.
+        ``pinned_tokens``: of its cached tokens, those a sequence already there holds (the
+        rest take blocks from the engine's free pool; -1: all, see ``KvModel``)."""
         if request_id in self._requests or request_id in self._finished:
             return False
         entry = Outstanding(
-            request_id, sent_at_s, prompt_tokens, cached_tokens, expected_output_tokens
-        )
+            request_id, sent_at_s, prompt_tokens, cached_tokens, expected_output_tokens,
+            pinned_tokens=pinned_tokens,
+        )  # fmt: skip
         self._requests[request_id] = entry
         self._push(sent_at_s, _ARRIVE, entry)
         early_s = self._early_first_tokens.pop(request_id, None)
@@ -345,6 +351,7 @@ class WorkerQueue:
                     e.cached_tokens,
                     e.expected_output_tokens,
                     e.first_token_s,
+                    e.pinned_tokens,
                 )
                 for e in self._requests.values()
             ],
@@ -372,6 +379,7 @@ class WorkerQueue:
                 item.cached_tokens,
                 item.expected_output_tokens,
                 item.first_token_s,
+                item.pinned_tokens,
             )
             queue._decoding += item.first_token_s is not None
         queue._finished = dict.fromkeys(RequestId(rid) for rid in state.finished)
@@ -402,6 +410,7 @@ class WorkerQueue:
                         entry.prompt_tokens,
                         entry.cached_tokens,
                         entry.expected_output_tokens,
+                        entry.pinned_tokens,
                     )
                 elif kind == _FIRST_TOKEN:
                     estimate.first_token(entry.request_id, at_s)

@@ -64,10 +64,17 @@ class PredictorConfig:
     # A held prompt's credit keeps only the depth shared by a holder behind which the prompts
     # sent later, still without a first token, compute no more than the worker's whole GPU
     # pool (its blocks, freed when it finishes, are evicted before a prompt sent now starts);
-    # not on a worker with an offload tier. Off: on the quick matrix it halved the `small`
-    # fleet's cache disagreement but took two routed cells below the best baseline
-    # (docs/BENCHMARKS.md, session 41).
-    evict_held_under_pressure: bool = False
+    # not on a worker with an offload tier. Alone it halved the `small` fleet's cache
+    # disagreement but took two routed cells below the best baseline (session 41); with
+    # kv_charge_unheld_cache the two make one model of what a held prompt pins, and the quick
+    # matrices gain within 1 s and lose a fifth of their underpredictions (docs/BENCHMARKS.md,
+    # session 42).
+    evict_held_under_pressure: bool = True
+    # A credited cached prefix takes KV blocks from the engine's free pool unless a prompt
+    # still held there shares it (vLLM charges evictable computed blocks at allocation): the
+    # queue model reserves those blocks for the request (foretoken.core.queue.scheduler.KvModel).
+    # Off: every credited block counts as shared.
+    kv_charge_unheld_cache: bool = True
     # A prompt alone on its worker gives prefill samples before its first token, from the
     # time stamps of the KV batches that store its blocks (foretoken.core.routing.kv_progress).
     kv_progress_samples: bool = True

@@ -84,8 +84,9 @@ class WorkerBook:
         return queue.outstanding_count < profile.scheduler.max_num_seqs
 
     def enqueue(
-        self, wid: WorkerId, rid: RequestId, sent_s: float, n: int, cached: int, expected: int
-    ) -> None:
+        self, wid: WorkerId, rid: RequestId, sent_s: float, n: int, cached: int, expected: int,
+        pinned: int = -1,
+    ) -> None:  # fmt: skip
         """A request sent there (idempotent by request id). "Alone" for a prefill sample: no
         other prompt waiting or prefilling when it was sent, and none sent before its first
         token — by event time (:meth:`started`). Requests only decoding are allowed: under
@@ -96,7 +97,7 @@ class WorkerBook:
             return
         was_idle = self.idle(wid)
         seat = self.has_capacity(wid)
-        if queue.add(rid, sent_s, n, cached, expected):
+        if queue.add(rid, sent_s, n, cached, expected, pinned):
             if was_idle and seat:
                 self.idle_start[wid] = (rid, sent_s)
             unstarted = [o.request_id for o in queue.outstanding()

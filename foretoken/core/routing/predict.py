@@ -55,6 +55,9 @@ class Candidate(msgspec.Struct, frozen=True, gc=False):
     # Seconds its prefill would add to the first tokens of the prompts already there
     # (:func:`placement_delay_s`): what choosing this worker costs the others.
     delay_s: float = 0.0
+    # Of cached_tokens, those a prompt still held there shares (the rest take KV blocks
+    # from the engine's free pool); -1: all of them (kv_charge_unheld_cache off).
+    pinned_tokens: int = -1
 
 
 def shares_steps(settings: SchedulerSettings) -> bool:
@@ -223,7 +226,8 @@ class Predictions:
             deepest = deepest_tier(hit)
         curve, step = self.fits.answer(wid)
         queue, cost = self.book.queues[wid], self._cost(wid, curve, step)
-        result = queue.predict(NewRequest(n, cached, out), now_s, cost)
+        pinned = min(held, cached) if self.config.kv_charge_unheld_cache else -1
+        result = queue.predict(NewRequest(n, cached, out, pinned), now_s, cost)
         if (self.config.evict_under_pressure and hit is not None and cached > held
                 and profile.gpu_blocks):  # fmt: skip
             free = queue.kv_free_blocks(now_s, cost)
@@ -231,7 +235,8 @@ class Predictions:
                 # evicted before it starts: only what a held prompt pins is still there
                 cached, load_s, lower = min(held, cached), 0.0, None
                 deepest = "GPU" if cached else None
-                result = queue.predict(NewRequest(n, cached, out), now_s, cost)
+                pinned = cached if pinned >= 0 else -1
+                result = queue.predict(NewRequest(n, cached, out, pinned), now_s, cost)
         delay = 0.0
         if (self.config.placement_delay_weight > 0 and queue.unstarted_count
                 and shares_steps(profile.scheduler)):  # fmt: skip
@@ -249,4 +254,4 @@ class Predictions:
             or not profile.has_kv_events,
             cache_source=source,
         )  # fmt: skip
-        return Candidate(prediction, cached, lower, chain, delay)
+        return Candidate(prediction, cached, lower, chain, delay, pinned)

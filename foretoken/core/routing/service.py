@@ -309,7 +309,7 @@ class RouteService:
         assert wid is not None
         expected = query.expected_output_tokens or self.config.default_output_tokens
         self.book.enqueue(wid, query.request_id, now_s, query.prompt_length,
-                          result.cached_tokens, expected)  # fmt: skip
+                          result.cached_tokens, expected, chosen.pinned_tokens)  # fmt: skip
         if chosen.chain is not None:
             self.predictions.sent.add(query.request_id, wid, chosen.chain)
             self.learner.remember_prompt(query.request_id, wid, chosen.chain)

@@ -170,12 +170,17 @@ impl QueueFuture {
         &self,
         prompt_tokens: i64,
         cached_tokens: i64,
+        pinned_tokens: i64,
         output_tokens: i64,
         now_s: f64,
     ) -> (f64, f64, f64, i64, i64) {
-        let p = self
-            .future
-            .first_token(prompt_tokens, cached_tokens, output_tokens, now_s);
+        let p = self.future.first_token(
+            prompt_tokens,
+            cached_tokens,
+            pinned_tokens,
+            output_tokens,
+            now_s,
+        );
         (
             p.queue_wait_s,
             p.prefill_s,

@@ -93,18 +93,25 @@ impl Future {
     }
 
     /// What the full replay gives for a new request arriving at `now_s` behind this queue
-    /// (the reference's `Future.first_token`).
+    /// (the reference's `Future.first_token`); `pinned_tokens` of its cached prefix are held
+    /// by another sequence (negative: all of them), the rest are charged as KV blocks.
     pub fn first_token(
         &self,
         prompt_tokens: i64,
         cached_tokens: i64,
+        pinned_tokens: i64,
         output_tokens: i64,
         now_s: f64,
     ) -> Prediction {
         let (settings, cost) = (&self.settings, &self.cost);
         let (first, prompt) = prefill_span(prompt_tokens, cached_tokens);
+        let pinned = if pinned_tokens < 0 {
+            first
+        } else {
+            pinned_tokens.min(first)
+        };
         let (blocks, kv_cap) = match self.kv {
-            Some(kv) => (kv.blocks(prompt, first, output_tokens), kv.gpu_blocks),
+            Some(kv) => (kv.blocks(prompt, pinned, output_tokens), kv.gpu_blocks),
             None => (0, 0),
         };
         let chunked = settings.chunked;

@@ -187,7 +187,7 @@ mod tests {
     fn an_idle_engine_prefills_alone_in_budget_sized_chunks() {
         let future = Future::record(empty(true), 12.0, cost(), None, 0).unwrap();
         assert!(future.stretches.is_empty());
-        let p = future.first_token(20_000, 0, 1, 12.0);
+        let p = future.first_token(20_000, 0, -1, 1, 12.0);
         let c = cost();
         assert_eq!(p.steps, 3); // ceil(20000 / 8192)
         assert_eq!(
@@ -207,8 +207,8 @@ mod tests {
         assert_eq!(future.stretches[0].chunks, vec![(0, 8192)]);
         assert!(future.drained_s.is_some());
         let alone = Future::record(empty(true), 10.0, cost(), None, 0).unwrap();
-        let behind = future.first_token(1000, 0, 1, 10.0);
-        assert!(behind.ttft_s > alone.first_token(1000, 0, 1, 10.0).ttft_s);
+        let behind = future.first_token(1000, 0, -1, 1, 10.0);
+        assert!(behind.ttft_s > alone.first_token(1000, 0, -1, 1, 10.0).ttft_s);
         assert_eq!(behind.queue_tokens_ahead, 16_384);
     }
 
@@ -239,9 +239,15 @@ mod tests {
                 >= 200
         );
         // a new request needing more than what is left waits too; a small one does not
-        let big = future.first_token(8000, 0, 1, 10.0); // 100 blocks: waits for an empty engine
-        let small = future.first_token(16, 0, 1, 10.0);
+        let big = future.first_token(8000, 0, -1, 1, 10.0); // 100 blocks: waits for an empty engine
+        let small = future.first_token(16, 0, -1, 1, 10.0);
         assert!(big.steps > small.steps);
+        // a 3,200-token cached prefix (200 blocks, capped at 100) held by a running
+        // sequence costs nothing; held by nobody, it is charged and waits like `big`
+        let pinned = future.first_token(3216, 3200, -1, 1, 10.0);
+        let unheld = future.first_token(3216, 3200, 0, 1, 10.0);
+        assert_eq!(pinned.steps, small.steps);
+        assert_eq!(unheld.steps, big.steps);
         assert_eq!(kv.blocks(800, 0, 1), 50);
         assert_eq!(kv.blocks(16, 0, 1), 1);
         assert_eq!(kv.blocks(10_000, 0, 1), 100); // at most the engine's blocks

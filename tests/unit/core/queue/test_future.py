@@ -13,10 +13,13 @@ from foretoken.core.queue.inflight import InFlightEstimate
 from foretoken.core.queue.scheduler import (
     KvModel,
     NewRequest,
+    QueueState,
+    SeqState,
     _scheduler_from,
     projected_drain_s,
     simulate_until_first_token,
 )
+from foretoken.core.types import SchedulerSettings
 from tests.unit.core.queue.test_scheduler import COST, NOW, sched
 from tests.unit.core.queue.test_scheduler_properties import (
     PROPERTY,
@@ -90,19 +93,42 @@ kv_st = st.builds(KvModel, st.integers(1, 120), st.sampled_from([1, 4, 16]))
     kv_st,
     st.integers(1, 40),
     st.lists(st.sampled_from([0.0, 0.3, 50.0]), min_size=1, max_size=2),
+    st.integers(-1, 60),
 )
 def test_the_walk_stays_exact_when_admission_waits_for_kv_blocks(
-    settings_, state, news, cost, kv, output, later
+    settings_, state, news, cost, kv, output, later, pinned
 ) -> None:
     """A head whose blocks do not fit waits, with everyone behind it, until running
-    sequences leave: the walk still gives what the full replay gives."""
+    sequences leave (its unpinned cached blocks charged too): the walk still gives what
+    the full replay gives."""
     future = Future.record(
         _scheduler_from(settings_, state, kv), settings_, NOW, cost, state.prefill_tokens_left
     )
     for now_s in (NOW + d for d in later):
         for new in news:
-            new = msgspec.structs.replace(new, output_tokens=output)
+            new = msgspec.structs.replace(new, output_tokens=output, pinned_tokens=pinned)
             walked = future.first_token(new, now_s)
             full = simulate_until_first_token(settings_, state, new, now_s, cost, kv)
             assert walked.steps == full.steps
             assert walked.ttft_s == pytest.approx(full.ttft_s, rel=1e-9, abs=1e-12)
+
+
+def test_a_cached_prefix_nobody_holds_takes_blocks_from_the_free_pool() -> None:
+    """A prompt whose cached prefix no sequence on the engine holds must take those blocks
+    out of the free pool (vLLM charges evictable computed blocks): with one running request
+    holding most of the pool it waits for that one to finish, while the same prompt whose
+    prefix the running one shares starts beside it."""
+    settings_ = SchedulerSettings(max_num_batched_tokens=4096, max_num_seqs=8)
+    kv = KvModel(gpu_blocks=100, block_size=16)
+    # running: a 1,200-token prompt not yet computed, 80 output tokens: 80 blocks reserved
+    state = QueueState(free_at_s=NOW, running=(SeqState(1200, 0, 80),))
+    shared = NewRequest(800, 784, 1, pinned_tokens=784)  # 49 cached blocks held: 1 charged
+    unheld = NewRequest(800, 784, 1, pinned_tokens=0)  # 50 blocks: does not fit beside it
+    started = simulate_until_first_token(settings_, state, shared, NOW, COST, kv)
+    waited = simulate_until_first_token(settings_, state, unheld, NOW, COST, kv)
+    assert started.steps == 1
+    assert waited.steps == 81  # the running one's 80 steps to its last token, then its own
+    assert kv.blocks(800, 784, 1) == 1 and kv.blocks(800, 0, 1) == 50
+    for new, want in ((shared, started), (unheld, waited)):
+        future = Future.record(_scheduler_from(settings_, state, kv), settings_, NOW, COST, 0)
+        assert future.first_token(new, NOW).steps == want.steps

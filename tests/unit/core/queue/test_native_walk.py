@@ -59,8 +59,9 @@ quadratic_st = st.builds(
 )
 # The engine's KV model (or none): small capacities, so that admission waits for blocks.
 kv_st = st.none() | st.builds(KvModel, gpu_blocks=st.integers(1, 40), block_size=st.integers(1, 16))
+pinned_st = st.integers(-1, 200)  # of the cached tokens, held by another sequence (-1: all)
 news_st = st.lists(
-    st.builds(NewRequest, st.integers(1, 200), st.integers(0, 200), st.integers(1, 64)),
+    st.builds(NewRequest, st.integers(1, 200), st.integers(0, 200), st.integers(1, 64), pinned_st),
     min_size=1,
     max_size=4,
 )
@@ -160,7 +161,8 @@ def test_an_in_flight_estimate_records_the_same_future_either_way(
         estimate.advance(now, reference)
         roll = rng.random()
         if roll < 0.55 or not keys:
-            estimate.arrive(step, now, rng.randint(1, 150), rng.randint(0, 40), rng.randint(1, 8))
+            estimate.arrive(step, now, rng.randint(1, 150), rng.randint(0, 40), rng.randint(1, 8),
+                            rng.randint(-1, 40))  # fmt: skip
             keys.append(step)
         elif roll < 0.8:
             estimate.first_token(rng.choice(keys), now)
@@ -228,7 +230,8 @@ def test_a_worker_queue_predicts_the_same_either_way(settings_, q, seed, kv) -> 
         roll = rng.random()
         if roll < 0.5 or not sent:
             rid = RequestId(f"r{step}")
-            sizes = (rng.randint(1, 400), rng.randint(0, 100), rng.randint(1, 9))
+            sizes = (rng.randint(1, 400), rng.randint(0, 100), rng.randint(1, 9),
+                     rng.randint(-1, 100))  # fmt: skip
             sent.append(rid)
             for queue in (native, python):
                 queue.add(rid, now, *sizes)
@@ -243,7 +246,8 @@ def test_a_worker_queue_predicts_the_same_either_way(settings_, q, seed, kv) -> 
         else:
             for queue in (native, python):
                 queue.expire(now, 0.5)
-        new = NewRequest(rng.randint(1, 500), rng.randint(0, 300), rng.randint(1, 64))
+        new = NewRequest(rng.randint(1, 500), rng.randint(0, 300), rng.randint(1, 64),
+                         rng.randint(-1, 300))  # fmt: skip
         want = _python_walk(python, new, now, cost)
         assert (native.predict(new, now, cost), native.drain_s(now, cost)) == want
 

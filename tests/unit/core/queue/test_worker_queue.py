@@ -114,3 +114,29 @@ def test_a_kv_blocked_head_is_alone_only_if_the_next_one_does_not_fit_beside_it(
 def test_an_engine_still_prefilling_is_not_prefill_idle() -> None:
     queue = _decoding_two(8, None, {"c": 5000})  # c starts at once, 10 steps of 512
     assert not queue.admission_blocked(0.2, COST) and not queue.prefill_idle(0.2, COST)
+
+
+def test_a_snapshot_keeps_the_pinned_share_of_a_credit_and_an_older_one_reads_as_all() -> None:
+    """The blocks a request's unheld credit takes survive a snapshot: the restored queue
+    predicts what the original does; a snapshot written before the field existed
+    restores every credited block as shared."""
+    import msgspec
+
+    from foretoken.core.queue import worker_queue as wq
+    from foretoken.core.queue.scheduler import NewRequest
+
+    kv = KvModel(gpu_blocks=64, block_size=16)
+    settings_ = SchedulerSettings(max_num_batched_tokens=512, max_num_seqs=4)
+    charged, shared = WorkerQueue(settings_, kv=kv), WorkerQueue(settings_, kv=kv)
+    charged.add(RequestId("a"), 0.0, 612, 512, 128, pinned_tokens=0)  # 47 blocks
+    shared.add(RequestId("a"), 0.0, 612, 512, 128)  # 15 blocks
+    new = NewRequest(600, 0, 128)  # 46 blocks: fits only beside the shared one
+    want = charged.predict(new, 0.0, COST)
+    assert want.ttft_s > shared.predict(new, 0.0, COST).ttft_s + 0.05
+    restored = WorkerQueue.restore(charged.snapshot(), kv=kv)
+    assert restored.predict(new, 0.0, COST) == want
+    state = msgspec.msgpack.decode(charged.snapshot())
+    state[2] = [row[:-1] for row in state[2]]  # as written before pinned_tokens
+    legacy = WorkerQueue.restore(msgspec.msgpack.encode(state), kv=kv)
+    assert legacy.predict(new, 0.0, COST) == shared.predict(new, 0.0, COST)
+    assert wq.OutstandingState.__struct_fields__[-1] == "pinned_tokens"

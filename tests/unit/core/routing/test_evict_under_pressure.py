@@ -72,7 +72,9 @@ def test_the_credit_stands_on_an_idle_worker_and_falls_under_a_deep_queue(native
 
 @pytest.mark.parametrize("native", [True, False])
 def test_the_depth_a_held_prompt_shares_survives_the_pressure(native: bool) -> None:
-    busy = _service(native, gpu_blocks=256)
+    """Without held eviction (below, on by default) a held prompt vouches for its depth
+    however much is sent after it."""
+    busy = _service(native, gpu_blocks=256, evict_held_under_pressure=False)
     busy.route(_req("head", CACHED[:256] + [5] * 300).query(), 0.0, 0.0)  # shares 16 blocks
     for i in range(8):
         busy.route(_req(f"f{i}", _filler(i)).query(), 0.0, 0.0)
