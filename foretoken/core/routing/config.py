@@ -75,6 +75,10 @@ class PredictorConfig:
     # queue model reserves those blocks for the request (foretoken.core.queue.scheduler.KvModel).
     # Off: every credited block counts as shared.
     kv_charge_unheld_cache: bool = True
+    # Only a held prompt expected to still run when the request is admitted pins what it
+    # shares (one whose output is shorter than the steps the prompts sent after it take
+    # has finished by then): foretoken.core.routing.predict.Predictions._pinned_blocks.
+    pin_only_running_holders: bool = True
     # A prompt alone on its worker gives prefill samples before its first token, from the
     # time stamps of the KV batches that store its blocks (foretoken.core.routing.kv_progress).
     kv_progress_samples: bool = True

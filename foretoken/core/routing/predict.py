@@ -197,6 +197,32 @@ class Predictions:
                 behind += entry.prompt_tokens - entry.cached_tokens
         return best
 
+    def _pinned_blocks(self, profile: WorkerProfile, chain: np.ndarray, depth: int) -> int:
+        """How many of ``chain``'s first ``depth`` blocks (shared with held prompts) a held
+        prompt still runs with when a prompt sent now is admitted, so that they cost it no
+        KV blocks. A holder is admitted before it (FIFO) and runs its own output's steps;
+        the uncached prompt tokens sent after the holder and still without a first token
+        take at least ``tokens / max_num_batched_tokens`` steps before the new prompt is
+        admitted. A holder whose expected output is shorter than that has finished by then,
+        and its blocks are back in the free pool (walked newest first, as
+        :meth:`_held_surviving`)."""
+        queue = self.book.queues[profile.worker_id]
+        budget = max(profile.scheduler.max_num_batched_tokens, 1)
+        behind, best = 0, 0
+        for rid, held in self.sent.held_at(profile.worker_id):
+            entry = queue.get(rid)
+            if entry is None:
+                continue
+            if behind < budget * entry.expected_output_tokens:
+                m = min(len(held), len(chain), depth)
+                same = held[:m] == chain[:m]
+                best = max(best, m if bool(same.all()) else int(np.argmin(same)))
+                if best >= depth:
+                    break
+            if entry.first_token_s is None:
+                behind += entry.prompt_tokens - entry.cached_tokens
+        return best
+
     def _one(
         self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float, out: int,
         chain: np.ndarray | None, held_blocks: int = 0,
@@ -209,6 +235,10 @@ class Predictions:
         if held_blocks and chain is not None:
             held_blocks = self._held_surviving(profile, chain, held_blocks)
         held = max(held_blocks - profile.eagle, 0) * profile.block_size
+        pinned_held = held
+        if held and chain is not None and self.config.pin_only_running_holders:
+            pinned = self._pinned_blocks(profile, chain, held_blocks)
+            pinned_held = max(pinned - profile.eagle, 0) * profile.block_size
         if held > 0 and (hit is None or held > hit.tokens):
             # a prompt still held there shares more: it will be in the GPU tier when this
             # one starts (the earlier prompt loads or computes it first)
@@ -226,7 +256,7 @@ class Predictions:
             deepest = deepest_tier(hit)
         curve, step = self.fits.answer(wid)
         queue, cost = self.book.queues[wid], self._cost(wid, curve, step)
-        pinned = min(held, cached) if self.config.kv_charge_unheld_cache else -1
+        pinned = min(pinned_held, cached) if self.config.kv_charge_unheld_cache else -1
         result = queue.predict(NewRequest(n, cached, out, pinned), now_s, cost)
         if (self.config.evict_under_pressure and hit is not None and cached > held
                 and profile.gpu_blocks):  # fmt: skip
@@ -235,7 +265,7 @@ class Predictions:
                 # evicted before it starts: only what a held prompt pins is still there
                 cached, load_s, lower = min(held, cached), 0.0, None
                 deepest = "GPU" if cached else None
-                pinned = cached if pinned >= 0 else -1
+                pinned = min(pinned_held, cached) if pinned >= 0 else -1
                 result = queue.predict(NewRequest(n, cached, out, pinned), now_s, cost)
         delay = 0.0
         if (self.config.placement_delay_weight > 0 and queue.unstarted_count

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from foretoken.core.routing.service import RouteService
-from tests.unit.core.routing.test_evict_under_pressure import CACHED, MODEL, _req, _service
+from foretoken.wire.route_rpc import RouteRequest
+from tests.unit.core.routing.test_evict_under_pressure import (
+    CACHED,
+    MODEL,
+    _filler,
+    _req,
+    _service,
+)
 
 
 def _pinned(service: RouteService, prompt: list[int]) -> tuple[int, int]:
@@ -45,3 +52,23 @@ def test_an_unheld_credit_that_does_not_fit_beside_the_running_waits(native: boo
         assert grant.queue_wait_s is not None
         waits[charge] = grant.queue_wait_s
     assert waits[True] > waits[False] + 0.05
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_holder_that_finishes_before_the_request_is_admitted_pins_nothing(
+    native: bool,
+) -> None:
+    """A held prompt pins its blocks only while it runs: with 3,000 uncached tokens sent
+    after it on a 512-token step budget (at least 6 steps before the new prompt starts), a
+    holder expecting 4 output tokens has finished and its shared blocks are charged again; one
+    expecting 64 still runs and they stay free."""
+    prompt = CACHED + [7] * 200
+    for output, pinned in ((4, 0), (64, 256)):
+        service = _service(native, gpu_blocks=256)
+        holder = RouteRequest(request_id="holder", model=MODEL,
+                              token_ids=tuple(CACHED[:256] + [5] * 50),
+                              expected_output_tokens=output)  # fmt: skip
+        service.route(holder.query(), 0.0, 0.0)
+        for i in range(2):  # 1,500 uncached tokens each
+            service.route(_req(f"f{i}", _filler(i)).query(), 0.0, 0.0)
+        assert _pinned(service, prompt) == (len(CACHED), pinned)
