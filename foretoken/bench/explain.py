@@ -137,7 +137,9 @@ class Decomposer:
                                         cand.pinned_tokens)  # fmt: skip
                 pred = cand.prediction
                 parts["own"] = preds.fits.curve(wid).own_prefill_s(n, cand.cached_tokens)
-                parts["load"] = pred.prefill_s - parts["own"]
+                # the later prompts' share of its steps goes with the wait (the engine's
+                # trace counts their chunks in the steps the request waited through)
+                parts["load"] = pred.prefill_s - parts["own"] - cand.later_s
                 parts["ttft"] = pred.predicted_ttft_s
                 self.parts.setdefault(self.current, {})[wid] = parts
             return cand

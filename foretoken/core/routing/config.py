@@ -51,6 +51,10 @@ class PredictorConfig:
     # minimise the sum of TTFTs; a promise kept is worth more than a new request's own
     # speed: 4 (1, 2, 4, 8 measured, docs/BENCHMARKS.md).
     placement_delay_weight: float = 4.0
+    # On an engine whose prompts share steps, a prediction adds what the prompts sent after
+    # the request will prefill beside it, from the worker's recent sends over this window
+    # (foretoken.core.routing.sharing). 0: off.
+    later_sharing_window_s: float = 60.0
     # A prefill the queue model finished less than the first tokens' lateness ago (their
     # 90th percentile, at most this) is taken as done: its first token is on its way.
     max_first_token_lag_s: float = 0.25

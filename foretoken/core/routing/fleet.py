@@ -20,6 +20,7 @@ from typing import Final
 
 from foretoken.core.queue.scheduler import KvModel
 from foretoken.core.queue.worker_queue import WorkerQueue
+from foretoken.core.routing.sharing import RecentSends
 from foretoken.core.types import RequestId, WorkerId, WorkerProfile
 
 # Up to this many unstarted requests on a worker, a send beside them is judged in event time
@@ -45,6 +46,8 @@ class WorkerBook:
         # pause on it and what was sent after it until its queue drained (a clean busy
         # chain's known start, :mod:`foretoken.core.cost.busy_chains`)
         self.idle_start: dict[WorkerId, tuple[RequestId, float]] = {}
+        # per worker, the last requests sent there (:mod:`foretoken.core.routing.sharing`)
+        self.recent = RecentSends()
 
     def apply(self, profile: WorkerProfile) -> None:
         """A registration: a new worker, new scheduler settings, or (``removed``) gone."""
@@ -52,6 +55,7 @@ class WorkerBook:
         if profile.removed:
             self.profiles.pop(wid, None)
             self.queues.pop(wid, None)
+            self.recent.forget_worker(wid)
             return
         self.profiles[wid] = profile
         queue = self.queues.get(wid)
@@ -98,6 +102,7 @@ class WorkerBook:
         was_idle = self.idle(wid)
         seat = self.has_capacity(wid)
         if queue.add(rid, sent_s, n, cached, expected, pinned):
+            self.recent.sent(wid, sent_s, n - cached)
             if was_idle and seat:
                 self.idle_start[wid] = (rid, sent_s)
             unstarted = [o.request_id for o in queue.outstanding()

@@ -58,6 +58,9 @@ class Candidate(msgspec.Struct, frozen=True, gc=False):
     # Of cached_tokens, those a prompt still held there shares (the rest take KV blocks
     # from the engine's free pool); -1: all of them (kv_charge_unheld_cache off).
     pinned_tokens: int = -1
+    # Seconds the prompts sent after it will add to its prefill by sharing its steps
+    # (:mod:`foretoken.core.routing.sharing`), within the prediction's prefill_s.
+    later_s: float = 0.0
 
 
 def shares_steps(settings: SchedulerSettings) -> bool:
@@ -272,8 +275,14 @@ class Predictions:
                 and shares_steps(profile.scheduler)):  # fmt: skip
             lefts = queue.prefill_left(now_s, cost)
             delay = placement_delay_s(profile.scheduler, lefts, n - cached, curve.a)
-        prefill = curve.own_prefill_s(n, cached) + load_s
-        ttft = max(result.ttft_s + load_s, prefill)
+        own, later = curve.own_prefill_s(n, cached), 0.0
+        window = self.config.later_sharing_window_s
+        if window > 0:  # the prompts sent after it that will share its steps
+            pool = profile.gpu_blocks * profile.block_size if profile.gpu_blocks else None
+            later = self.book.recent.delay_s(wid, now_s, window, profile.scheduler, curve.a,
+                                             n - cached, own, pool)  # fmt: skip
+        prefill = own + later + load_s
+        ttft = max(result.ttft_s + load_s + later, prefill)
         if self.wait_scale is not None:
             ttft = prefill + (ttft - prefill) * self.wait_scale.factor(wid)
         prediction = CandidatePrediction(
@@ -284,4 +293,4 @@ class Predictions:
             or not profile.has_kv_events,
             cache_source=source,
         )  # fmt: skip
-        return Candidate(prediction, cached, lower, chain, delay, pinned)
+        return Candidate(prediction, cached, lower, chain, delay, pinned, later)

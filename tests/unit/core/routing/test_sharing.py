@@ -1,0 +1,70 @@
+"""Prompts sent after a request that prefill beside it (foretoken.core.routing.sharing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from foretoken.core.routing.sharing import KEEP, MAX_SHARE, MIN_SENDS, RecentSends
+from foretoken.core.types import SchedulerSettings, WorkerId
+
+W = WorkerId("w")
+CAPPED = SchedulerSettings(max_num_batched_tokens=4096, long_prefill_token_threshold=1024)
+A = 5e-5  # s per token
+
+
+def _sends(rate_per_s: float, sizes: list[int], until_s: float = 100.0) -> RecentSends:
+    recent = RecentSends()
+    for i, size in enumerate(sizes):
+        recent.sent(W, until_s - (len(sizes) - 1 - i) / rate_per_s, size)
+    return recent
+
+
+def test_the_delay_is_the_fixed_point_of_the_later_prompts_share() -> None:
+    """20 sends of 4,000 uncached tokens at 0.5 a second: ρ = a·λ·min(u, L/2) = 0.1 for a
+    100k-token prompt, so its 6 s of own prefill grow by 6·0.1/0.9."""
+    recent = _sends(0.5, [4000] * 20)
+    # 19 intervals of 2 s: λ = 20 / 38 s (the span starts at the oldest send)
+    rho = A * (20 / 38) * 4000
+    got = recent.delay_s(W, 100.0, 60.0, CAPPED, A, 100_000, 6.0)
+    assert got == pytest.approx(6.0 * rho / (1 - rho))
+    # a prompt shorter than twice the later ones shares only half of itself with each
+    small = recent.delay_s(W, 100.0, 60.0, CAPPED, A, 2000, 0.1)
+    rho_small = A * (20 / 38) * 1000
+    assert small == pytest.approx(min(0.1 * rho_small / (1 - rho_small), A * 2000 * 3))
+
+
+def test_the_typical_later_prompt_counts_not_a_rare_giant() -> None:
+    """The median share: one 100k-token send among small ones does not set the delay."""
+    typical = _sends(1.0, [2000] * 19 + [2000])
+    with_giant = _sends(1.0, [2000] * 19 + [100_000])
+    args = (W, 100.0, 60.0, CAPPED, A, 200_000, 12.0)
+    assert with_giant.delay_s(*args) == pytest.approx(typical.delay_s(*args))
+
+
+def test_no_delay_without_shared_steps_enough_sends_or_recent_ones() -> None:
+    recent = _sends(1.0, [4000] * 20)
+    args = (A, 50_000, 3.0)
+    assert recent.delay_s(W, 100.0, 60.0, CAPPED, *args) > 0
+    uncapped = SchedulerSettings(max_num_batched_tokens=4096)  # prompts go one after another
+    assert recent.delay_s(W, 100.0, 60.0, uncapped, *args) == 0.0
+    serial = SchedulerSettings(max_num_batched_tokens=4096, long_prefill_token_threshold=1024,
+                               chunked_prefill=False)  # fmt: skip
+    assert recent.delay_s(W, 100.0, 60.0, serial, *args) == 0.0
+    assert _sends(1.0, [4000] * (MIN_SENDS - 1)).delay_s(W, 100.0, 60.0, CAPPED, *args) == 0.0
+    assert recent.delay_s(W, 500.0, 60.0, CAPPED, *args) == 0.0  # all older than the window
+    assert recent.delay_s(WorkerId("other"), 100.0, 60.0, CAPPED, *args) == 0.0
+    recent.forget_worker(W)
+    assert recent.delay_s(W, 100.0, 60.0, CAPPED, *args) == 0.0
+
+
+def test_the_delay_is_bounded_by_the_share_and_the_other_chunk_slots() -> None:
+    """A flood of later prompts: ρ is capped at MAX_SHARE (at most 1x the own prefill),
+    and never more than the three other 1,024-token slots of each of its steps hold."""
+    flood = _sends(100.0, [50_000] * KEEP)
+    own_s = 10.0
+    got = flood.delay_s(W, 100.0, 60.0, CAPPED, A, 100_000, own_s)
+    assert got == pytest.approx(min(own_s * MAX_SHARE / (1 - MAX_SHARE), A * 100_000 * 3))
+    two_slots = SchedulerSettings(max_num_batched_tokens=2048, long_prefill_token_threshold=1024)
+    assert flood.delay_s(W, 100.0, 60.0, two_slots, A, 100_000, 100.0) == pytest.approx(
+        A * 100_000 * 1
+    )
