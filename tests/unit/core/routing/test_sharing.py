@@ -68,3 +68,36 @@ def test_the_delay_is_bounded_by_the_share_and_the_other_chunk_slots() -> None:
     assert flood.delay_s(W, 100.0, 60.0, two_slots, A, 100_000, 100.0) == pytest.approx(
         A * 100_000 * 1
     )
+
+
+@pytest.mark.parametrize("window_s", [60.0, 0.0])
+def test_a_route_service_puts_the_later_share_into_the_prefill(window_s: float) -> None:
+    """Wired end to end: after a stream of sends to a chunk-capped worker, a candidate's
+    prefill is its own curve's plus the later prompts' share (none with the window 0)."""
+    import numpy as np
+
+    from foretoken.core.index.prefix import PrefixIndex
+    from foretoken.core.routing.config import PredictorConfig
+    from foretoken.core.routing.service import RouteService
+    from foretoken.wire.records import WorkerEndpoints, WorkerRegistration
+    from foretoken.wire.route_rpc import RouteRequest
+
+    config = PredictorConfig(explore_fraction=0.0, later_sharing_window_s=window_s)
+    service = RouteService(PrefixIndex(), config=config)
+    reg = WorkerRegistration(
+        worker_id="w0", model="m", engine="vllm", engine_version="x", block_size=16,
+        scheduler=CAPPED, endpoints=WorkerEndpoints(http_url="http://w0"), config_hash="c",
+        ts=0.0, gpu_blocks=100_000,
+    )  # fmt: skip
+    service.index.register_worker(reg.worker_id, reg.model, reg.block_size)
+    service.on_registration(reg)
+    rng = np.random.default_rng(0)
+    for i in range(20):  # a 4,000-token prompt every 2 s
+        tokens = tuple(rng.integers(1000, 90_000, 4000).tolist())
+        service.route(RouteRequest(request_id=f"r{i}", model="m", token_ids=tokens).query(),
+                      2.0 * i, 2.0 * i)  # fmt: skip
+    prompt = rng.integers(1000, 90_000, 30_000).tolist()
+    (candidate,) = service.predictions.candidates("m", prompt, 40.0, None)
+    own = service.fits.curve("w0").own_prefill_s(30_000, 0)
+    assert candidate.prediction.prefill_s == pytest.approx(own + candidate.later_s)
+    assert (candidate.later_s > 0) == (window_s > 0)
