@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import hypothesis.strategies as st
+import numpy as np
 import pytest
+from hypothesis import given, settings
 
-from foretoken.core.routing.sharing import KEEP, MAX_SHARE, MIN_SENDS, RecentSends
+from foretoken.core.routing.sharing import (
+    KEEP,
+    MAX_SHARE,
+    MIN_SENDS,
+    RecentSends,
+    median_share,
+)
 from foretoken.core.types import SchedulerSettings, WorkerId
 
 W = WorkerId("w")
@@ -101,3 +110,29 @@ def test_a_route_service_puts_the_later_share_into_the_prefill(window_s: float) 
     own = service.fits.curve("w0").own_prefill_s(30_000, 0)
     assert candidate.prediction.prefill_s == pytest.approx(own + candidate.later_s)
     assert (candidate.later_s > 0) == (window_s > 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 200_000), min_size=1, max_size=KEEP), st.integers(1, 200_000),
+       st.none() | st.integers(1, 400_000))  # fmt: skip
+def test_the_median_share_is_numpys(sizes: list[int], uncached: int, pool: int | None) -> None:
+    arr = np.array(sizes, dtype=np.float64)
+    shares = np.minimum(arr, uncached / 2)
+    if pool:
+        shares[arr + uncached > pool] = 0.0
+    got = median_share(sorted(sizes), uncached, pool)
+    assert got == pytest.approx(float(np.median(shares)), rel=1e-12, abs=1e-9)
+
+
+def test_a_late_send_takes_its_place_in_time_and_only_the_last_are_kept() -> None:
+    """A grant heard late (another replica's, through Kafka) is filed by its send time, so
+    the window and the rate stay right; no more than KEEP sends are kept."""
+    in_order, shuffled = RecentSends(), RecentSends()
+    times = [float(i) for i in range(KEEP + 10)]
+    for t in times:
+        in_order.sent(W, t, 1000 + int(t))
+    late = [*times[: KEEP + 8], times[-1], times[-2]]  # the last two arrive swapped
+    for t in late:
+        shuffled.sent(W, t, 1000 + int(t))
+    args = (W, times[-1], 30.0, CAPPED, A, 50_000, 3.0)
+    assert shuffled.delay_s(*args) == in_order.delay_s(*args) > 0
