@@ -107,10 +107,12 @@ def counted_chains(native: bool = True) -> CountedChains:
 class SentPrefixes:
     """The prompts sent to each worker and still held there, by request id (module doc)."""
 
-    __slots__ = ("_chains", "_sent")
+    __slots__ = ("_by_worker", "_chains", "_sent")
 
     def __init__(self, native: bool = True) -> None:
         self._sent: dict[RequestId, tuple[WorkerId, np.ndarray]] = {}
+        # the same, per worker, in the order sent (held_at walks one worker's only)
+        self._by_worker: dict[WorkerId, dict[RequestId, np.ndarray]] = {}
         self._chains = counted_chains(native)
 
     def __len__(self) -> int:
@@ -122,6 +124,7 @@ class SentPrefixes:
         if rid in self._sent or not len(chain):
             return
         self._sent[rid] = (wid, chain)
+        self._by_worker.setdefault(wid, {})[rid] = chain
         self._chains.add(wid, chain)
 
     def worker_of(self, rid: RequestId) -> WorkerId | None:
@@ -133,15 +136,20 @@ class SentPrefixes:
         sent = self._sent.pop(rid, None)
         if sent is not None:
             self._chains.remove(*sent)
+            mine = self._by_worker.get(sent[0])
+            if mine is not None:
+                mine.pop(rid, None)
+                if not mine:
+                    del self._by_worker[sent[0]]
 
     def forget_worker(self, wid: WorkerId) -> None:
         self._chains.forget_worker(wid)
-        for rid in [r for r, (w, _) in self._sent.items() if w == wid]:
+        for rid in self._by_worker.pop(wid, {}):
             del self._sent[rid]
 
     def held_at(self, wid: WorkerId) -> list[tuple[RequestId, np.ndarray]]:
         """The prompts held at ``wid`` (request id, own-hash chain), the last sent first."""
-        return [(rid, chain) for rid, (w, chain) in reversed(self._sent.items()) if w == wid]
+        return list(reversed(self._by_worker.get(wid, {}).items()))
 
     def depths(self, chain: np.ndarray, max_blocks: int,
                workers: Sequence[WorkerId]) -> dict[WorkerId, int]:  # fmt: skip

@@ -54,15 +54,19 @@ ops = st.lists(
 @given(ops=ops)
 def test_native_counts_answer_as_the_reference(ops: list[tuple]) -> None:
     native, reference = SentPrefixes(native=True), SentPrefixes(native=False)
+    sent: dict[str, str] = {}  # request -> worker, in the order sent (what held_at reads)
     for op in ops:
         if op[0] == "add":
             _, rid, wid, doc, length, branch = op
+            sent.setdefault(f"r{rid}", wid)
             for s in (native, reference):
                 s.add(RequestId(f"r{rid}"), WorkerId(wid), _chain(doc, length, branch))
         elif op[0] == "release":
+            sent.pop(f"r{op[1]}", None)
             for s in (native, reference):
                 s.release(RequestId(f"r{op[1]}"))
         elif op[0] == "forget":
+            sent = {r: w for r, w in sent.items() if w != op[1]}
             for s in (native, reference):
                 s.forget_worker(WorkerId(op[1]))
         else:
@@ -70,6 +74,10 @@ def test_native_counts_answer_as_the_reference(ops: list[tuple]) -> None:
             chain = _chain(doc, length, branch)
             workers = [WorkerId("w0"), WorkerId("w1")]
             assert native.depths(chain, cap, workers) == reference.depths(chain, cap, workers)
+        for w in ("w0", "w1"):  # one worker's held prompts, the last sent first
+            want = [r for r, held_by in reversed(sent.items()) if held_by == w]
+            for s in (native, reference):
+                assert [r for r, _ in s.held_at(WorkerId(w))] == want
 
 
 def test_the_depth_is_the_longest_prefix_shared_with_any_held_prompt() -> None:
