@@ -5,7 +5,7 @@ scheduler with the settings the worker reported)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -17,6 +17,7 @@ from foretoken.core.cost.wait_scale import WaitScale, WaitScaleConfig
 from foretoken.core.index.protocol import Index
 from foretoken.core.index.state import CacheHit
 from foretoken.core.queue.scheduler import CurveStepCost, NewRequest
+from foretoken.core.queue.worker_queue import Outstanding
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.fleet import WorkerBook
 from foretoken.core.routing.sent_prefixes import SentPrefixes
@@ -183,22 +184,11 @@ class Predictions:
         if len(profile.tiers) > 1:  # evicted blocks are offloaded, and reused from there
             return depth
         pool = profile.gpu_blocks * profile.block_size
-        queue = self.book.queues[profile.worker_id]
-        behind, best = 0, 0
-        for rid, held in self.sent.held_at(profile.worker_id):
-            if behind > pool:
-                break
-            entry = queue.get(rid)
-            if entry is None:
-                continue
-            m = min(len(held), len(chain), depth)
-            same = held[:m] == chain[:m]
-            best = max(best, m if bool(same.all()) else int(np.argmin(same)))
-            if best >= depth:
-                break
-            if entry.first_token_s is None:
-                behind += entry.prompt_tokens - entry.cached_tokens
-        return best
+
+        def within_pool(entry: Outstanding, behind: int) -> bool | None:
+            return None if behind > pool else True
+
+        return self._deepest_held(profile.worker_id, chain, depth, within_pool)
 
     def _pinned_blocks(self, profile: WorkerProfile, chain: np.ndarray, depth: int) -> int:
         """How many of ``chain``'s first ``depth`` blocks (shared with held prompts) a held
@@ -207,16 +197,32 @@ class Predictions:
         the uncached prompt tokens sent after the holder and still without a first token
         take at least ``tokens / max_num_batched_tokens`` steps before the new prompt is
         admitted. A holder whose expected output is shorter than that has finished by then,
-        and its blocks are back in the free pool (walked newest first, as
-        :meth:`_held_surviving`)."""
-        queue = self.book.queues[profile.worker_id]
+        and its blocks are back in the free pool."""
         budget = max(profile.scheduler.max_num_batched_tokens, 1)
+
+        def still_runs(entry: Outstanding, behind: int) -> bool | None:
+            return behind < budget * entry.expected_output_tokens
+
+        return self._deepest_held(profile.worker_id, chain, depth, still_runs)
+
+    def _deepest_held(
+        self, wid: WorkerId, chain: np.ndarray, depth: int,
+        counts: Callable[[Outstanding, int], bool | None],
+    ) -> int:  # fmt: skip
+        """The deepest share (at most ``depth`` blocks) of ``chain`` with a prompt held at
+        ``wid`` that vouches for it, walked newest first: ``counts(entry, behind)`` — with
+        ``behind`` the uncached tokens sent after that holder and still without a first
+        token — says whether it does (True, False), or ends the walk (None)."""
+        queue = self.book.queues[wid]
         behind, best = 0, 0
-        for rid, held in self.sent.held_at(profile.worker_id):
+        for rid, held in self.sent.held_at(wid):
             entry = queue.get(rid)
             if entry is None:
                 continue
-            if behind < budget * entry.expected_output_tokens:
+            verdict = counts(entry, behind)
+            if verdict is None:
+                break
+            if verdict:
                 m = min(len(held), len(chain), depth)
                 same = held[:m] == chain[:m]
                 best = max(best, m if bool(same.all()) else int(np.argmin(same)))
