@@ -164,3 +164,20 @@ def test_a_request_that_leaves_the_queue_model_unanswered_is_released() -> None:
     p.maintain(5.0)
     assert len(p.predictions.sent) == 0
     assert p.route(_req("b", shared + [2] * 50).query(), 5.0, 5.0).cached_tokens == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(docs, st.integers(0, 40), st.integers(0, 3), docs, st.integers(0, 40), st.integers(0, 3),
+       st.integers(-1, 45))  # fmt: skip
+def test_shared_depth_is_the_first_difference_of_two_chains(
+    d1: int, n1: int, b1: int, d2: int, n2: int, b2: int, top: int
+) -> None:
+    """The binary search of ``shared_depth`` answers what comparing the arrays whole does
+    (the held walks' depth of each held prompt), at every cap."""
+    from foretoken.core.routing.predict import shared_depth
+
+    a, b = _chain(d1, n1, b1), _chain(d2, n2, b2)
+    m = max(min(len(a), len(b), top), 0)
+    same = a[:m] == b[:m]
+    expected = m if bool(same.all()) else int(np.argmin(same))
+    assert shared_depth(a, b, top) == expected == shared_depth(b, a, top)
