@@ -106,6 +106,9 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     catch_up_horizon_s: float = 300.0
     # The members record is refreshed this often; one older than 3 intervals is gone.
     member_interval_s: float = 1.0
+    # This long after start, what the started processor holds is frozen out of the garbage
+    # collector's full passes (foretoken.adapters.heap); negative: never.
+    freeze_heap_after_s: float = 5.0
 
 
 class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):

@@ -113,7 +113,7 @@ def check_finite(name: str, value: float | None, *, minimum: float | None = 0.0)
 # --------------------------------------------------------------------------- workers
 
 
-class SchedulerSettings(msgspec.Struct, kw_only=True, frozen=True):
+class SchedulerSettings(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """What the engine's step scheduler does with its per-step token budget."""
 
     max_num_batched_tokens: int = 8192
@@ -130,7 +130,7 @@ class SchedulerSettings(msgspec.Struct, kw_only=True, frozen=True):
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
 
-class EngineReport(msgspec.Struct, kw_only=True, frozen=True):
+class EngineReport(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """How an engine says it runs: the part of its description that an engines file and a
     simulated fleet file share (each adds where the engine is, or its hidden truth)."""
 
@@ -142,7 +142,7 @@ class EngineReport(msgspec.Struct, kw_only=True, frozen=True):
     eagle: bool = False
 
 
-class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True):
+class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """What a worker (one engine replica) says about itself: everything the predictor may
     know of it. ``removed`` retires it. (The wire's registration adds its endpoints.)"""
 
@@ -204,7 +204,7 @@ def prompt_fits(
 # --------------------------------------------------------------------------- kv events
 
 
-class BlockStored(msgspec.Struct, kw_only=True, frozen=True, tag="stored"):
+class BlockStored(msgspec.Struct, kw_only=True, frozen=True, tag="stored", gc=False):
     """A store. Its prompt tokens come as ``token_ids`` or, as the ingest decoder writes
     them, ``packed_token_ids``: unsigned 32-bit little-endian ids, 4 bytes each (a msgpack
     ``bin``, base64 in JSON), which the record's decoder and the index read without a
@@ -252,7 +252,7 @@ class BlockStored(msgspec.Struct, kw_only=True, frozen=True, tag="stored"):
         return np.frombuffer(self.packed_token_ids, dtype="<u4").tolist()
 
 
-class BlockRemoved(msgspec.Struct, kw_only=True, frozen=True, tag="removed"):
+class BlockRemoved(msgspec.Struct, kw_only=True, frozen=True, tag="removed", gc=False):
     block_hashes: tuple[EngineBlockHash, ...]
     medium: Tier = "GPU"
     group_idx: int = 0
@@ -262,11 +262,11 @@ class BlockRemoved(msgspec.Struct, kw_only=True, frozen=True, tag="removed"):
         _check_group(self.group_idx)
 
 
-class AllCleared(msgspec.Struct, kw_only=True, frozen=True, tag="cleared"):
+class AllCleared(msgspec.Struct, kw_only=True, frozen=True, tag="cleared", gc=False):
     medium: Tier | None = None
 
 
-class IndexReset(msgspec.Struct, kw_only=True, frozen=True, tag="reset"):
+class IndexReset(msgspec.Struct, kw_only=True, frozen=True, tag="reset", gc=False):
     """Written by ingest: forget this worker's blocks. ``approximate`` (a gap that could not
     be repaired: the engine still holds blocks we no longer know of) flags its hits until
     the engine clears its cache; False when the engine restarted and its new stream is
@@ -279,7 +279,7 @@ class IndexReset(msgspec.Struct, kw_only=True, frozen=True, tag="reset"):
 KvEvent = BlockStored | BlockRemoved | AllCleared | IndexReset
 
 
-class KvBatch(msgspec.Struct, kw_only=True, frozen=True):
+class KvBatch(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """One engine batch of KV events, normalized (what the cache index applies)."""
 
     worker_id: WorkerId
@@ -299,7 +299,7 @@ class KvBatch(msgspec.Struct, kw_only=True, frozen=True):
 # --------------------------------------------------------------------------- predictions
 
 
-class FitUsed(msgspec.Struct, kw_only=True, frozen=True):
+class FitUsed(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     a: float
     b: float
     samples: int
@@ -307,7 +307,7 @@ class FitUsed(msgspec.Struct, kw_only=True, frozen=True):
     default: bool
 
 
-class CandidatePrediction(msgspec.Struct, kw_only=True, frozen=True):
+class CandidatePrediction(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """One worker's prediction for a request: TTFT = queue wait + own prefill."""
 
     worker_id: WorkerId
@@ -343,7 +343,7 @@ class RouteQuery:
         return len(self.tokens) or self.prompt_tokens
 
 
-class RouteDecision(msgspec.Struct, kw_only=True, frozen=True):
+class RouteDecision(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """One routing decision: the chosen worker (or none), admitted or rejected and why, the
     prediction it rests on and every candidate's (PRODUCT.md §2 ``grants``)."""
 
@@ -398,7 +398,7 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True):
 # --------------------------------------------------------------------------- outcomes
 
 
-class RequestOutcome(msgspec.Struct, kw_only=True, frozen=True):
+class RequestOutcome(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """What the router measured of a request: its first token, then its completion."""
 
     request_id: RequestId
@@ -431,7 +431,7 @@ class RequestOutcome(msgspec.Struct, kw_only=True, frozen=True):
 GradedStatus = Literal["served", "rejected", "error", "cancelled", "missing_outcome"]
 
 
-class GradedRequest(msgspec.Struct, kw_only=True, frozen=True):
+class GradedRequest(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """A decision joined with its outcomes, with the grades of PRODUCT.md §4."""
 
     request_id: RequestId
@@ -472,7 +472,7 @@ class GradedRequest(msgspec.Struct, kw_only=True, frozen=True):
 # --------------------------------------------------------------------------- controls
 
 
-class ControlSignals(msgspec.Struct, kw_only=True, frozen=True):
+class ControlSignals(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """A worker's corroborating signals over the controls' window."""
 
     queue_tokens: int = 0  # prompt tokens sent there and still waiting for a first token
@@ -483,7 +483,7 @@ class ControlSignals(msgspec.Struct, kw_only=True, frozen=True):
     cancellations: int = 0
 
 
-class ControlChange(msgspec.Struct, kw_only=True, frozen=True):
+class ControlChange(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """One stage change of the latency controls for a (workload class, worker), and why:
     the objective, the budget left, the tail and the signals."""
 

@@ -75,7 +75,7 @@ def _check_version(version: int) -> None:
         )
 
 
-class WorkerEndpoints(msgspec.Struct, kw_only=True, frozen=True):
+class WorkerEndpoints(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     http_url: str
     kv_events_url: str | None = None
     # vLLM's "replay" socket: where ingest backfills a sequence gap.
@@ -143,7 +143,7 @@ class ControlEvent(ControlChange, kw_only=True, frozen=True):
         super().__post_init__()
 
 
-class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
+class DeadLetter(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """Topic ``dead-letter`` (keyed by source): what could not be decoded, and why."""
 
     source: str
@@ -161,7 +161,7 @@ class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
         _check_version(self.schema_version)
 
 
-class Member(msgspec.Struct, kw_only=True, frozen=True):
+class Member(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """Topic ``members`` (compacted, keyed by instance_id): one processor, as it advertises
     itself every ``worker.member_interval_s`` (docs/ARCHITECTURE.md "Scale-out")."""
 

@@ -24,6 +24,7 @@ from typing import Any
 import faust
 
 from foretoken.adapters.files import write_atomically
+from foretoken.adapters.heap import freeze_startup_heap
 from foretoken.adapters.kafka.dispatch import INPUT_TOPICS, Consumed, reason_kind
 from foretoken.adapters.kafka.fits_file import fits_bytes, fits_path, load_fits, save_fits
 from foretoken.adapters.kafka.index_keeper import IndexKeeper, snapshot_path
@@ -116,6 +117,13 @@ def _add_membership(app: faust.App, state: ProcessorState, outputs: dict[str, An
         await outputs["members"].send(key=record_key("members", member),
                                       value=encode(member, state.settings.wire_format))  # fmt: skip
         state.refresh_share()
+
+    @app.task
+    async def freeze_heap() -> None:  # once the agents, consumers and pages are up
+        after = state.settings.worker.freeze_heap_after_s
+        if after >= 0:
+            await asyncio.sleep(after)
+            freeze_startup_heap()
 
     @app.task
     async def measure_lag() -> None:

@@ -35,6 +35,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
+from foretoken.adapters.heap import freeze_startup_heap
 from foretoken.adapters.http.router import anthropic, edge, errors
 from foretoken.adapters.http.router.proxy import (
     ClientGone,
@@ -461,6 +462,7 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
                                                      auto_decompress=False)  # fmt: skip
         await state.routing.start()
         await state.publisher.start()
+        freeze_startup_heap()  # full collections then walk only what requests leave
 
     async def on_cleanup(app: web.Application) -> None:
         await state.publisher.stop()
