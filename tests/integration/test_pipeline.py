@@ -168,3 +168,10 @@ def test_staleness_since_must_be_a_finite_time(faust_worker: RunningWorker) -> N
             urllib.request.urlopen(f"{faust_worker.url}/v1/staleness?since={since}", timeout=5)
         assert info.value.code == 400
         assert b'"param":"since"' in info.value.read()
+
+
+def test_the_started_worker_freezes_its_heap(faust_worker: RunningWorker) -> None:
+    """``worker.freeze_heap_after_s`` after start, what the worker holds leaves the garbage
+    collector's full passes (foretoken/adapters/heap.py): its stats say how much."""
+    _wait_for(f"{faust_worker.url}/v1/stats",
+              lambda s: s["memory"]["gc_frozen_objects"] > 10_000)  # fmt: skip

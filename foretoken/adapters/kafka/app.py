@@ -105,7 +105,20 @@ def create_app(
     _add_join_expiry(app, state, outputs)
     _add_controls(app, state, outputs)
     _add_membership(app, state, outputs)
+    _add_heap_freeze(app, state)
     return app, state
+
+
+def _add_heap_freeze(app: faust.App, state: ProcessorState) -> None:
+    """Once the agents, consumers and pages are up, what they hold leaves the collector's
+    full passes (foretoken.adapters.heap)."""
+
+    @app.task
+    async def freeze_heap() -> None:
+        after = state.settings.worker.freeze_heap_after_s
+        if after >= 0:
+            await asyncio.sleep(after)
+            freeze_startup_heap()
 
 
 def _add_membership(app: faust.App, state: ProcessorState, outputs: dict[str, Any]) -> None:
@@ -117,13 +130,6 @@ def _add_membership(app: faust.App, state: ProcessorState, outputs: dict[str, An
         await outputs["members"].send(key=record_key("members", member),
                                       value=encode(member, state.settings.wire_format))  # fmt: skip
         state.refresh_share()
-
-    @app.task
-    async def freeze_heap() -> None:  # once the agents, consumers and pages are up
-        after = state.settings.worker.freeze_heap_after_s
-        if after >= 0:
-            await asyncio.sleep(after)
-            freeze_startup_heap()
 
     @app.task
     async def measure_lag() -> None:

@@ -18,6 +18,7 @@ the replicas (docs/ARCHITECTURE.md "Scale-out").
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import time
 from collections import deque
@@ -299,6 +300,8 @@ class ProcessorState:
             "queue_requests": sum(q.outstanding_count for q in book.queues.values()),
             "join_pending": len(self.core.join.pending),
             "decisions_remembered": len(self.core.service.decisions),
+            # objects moved out of the collector's passes after start (adapters/heap.py)
+            "gc_frozen_objects": gc.get_freeze_count(),
         }
 
 
