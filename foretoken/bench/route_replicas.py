@@ -58,9 +58,16 @@ from foretoken.ops import kafka_local
 from foretoken.settings import Settings, load_settings
 from foretoken.wire.route_rpc import RouteRequest, RouteResponse, pack_token_ids
 
-P99_TARGET_MS = 100.0
-RATES = (20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 120.0, 140.0, 160.0)
-QUICK_RATES = (20.0, 40.0, 60.0, 80.0, 100.0, 120.0)
+# The p99 at which throughputs are compared. 100 ms until session 43; since collections stopped
+# stalling the replicas neither configuration's p99 reaches it before the 2-core machine
+# saturates (load average 2 at 520/s, p99 43-66 ms): 20 ms, 4x the route service's own p99
+# target (issue 17), is crossed by both within the ladder.
+P99_TARGET_MS = 20.0
+# Far enough that one replica crosses the p99 target (it sustained 280/s at p99 15 ms once
+# collections stopped stalling it); a ladder short of that measures no speedup (the summary
+# says so: replica_speedup null).
+RATES = (40.0, 80.0, 120.0, 160.0, 200.0, 240.0, 280.0, 320.0, 360.0, 400.0, 440.0, 520.0)
+QUICK_RATES = (40.0, 120.0, 200.0, 280.0, 360.0, 440.0, 520.0)
 SATURATED_P99_MS = 1000.0
 PAIRS, QUICK_PAIRS = 100, 40  # the herding probe
 PAIR_GAP_S = 0.5
@@ -111,6 +118,11 @@ def throughput_at(steps: list[dict[str, Any]], target_ms: float) -> float | None
         if p1 > target_ms:
             return round(r0 + (r1 - r0) * (target_ms - p0) / max(p1 - p0, 1e-9), 1)
     return round(points[-1][0], 1)
+
+
+def crossed(steps: list[dict[str, Any]], target_ms: float) -> bool:
+    """Whether the ladder reached a rate whose p99 exceeds ``target_ms``."""
+    return any((s["route"]["p99_ms"] or 0.0) > target_ms for s in steps)
 
 
 async def _ladder(
@@ -431,7 +443,11 @@ def run_replicas(quick: bool, count: int = 2, *, seconds: float | None = None) -
             kafka_local.down(base_settings)
     one_rps = throughput_at(result["one_replica"], P99_TARGET_MS)
     two_rps = throughput_at(result["two_replicas"], P99_TARGET_MS)
-    speedup = round(two_rps / one_rps, 2) if one_rps and two_rps else None
+    one_crossed = crossed(result["one_replica"], P99_TARGET_MS)
+    two_crossed = crossed(result["two_replicas"], P99_TARGET_MS)
+    # one replica that never crossed the target has no throughput to compare (null); two
+    # that never did make the ratio a lower bound
+    speedup = round(two_rps / one_rps, 2) if one_rps and two_rps and one_crossed else None
     base_probe = result.get("herding_pairs_without_shares") or {}
     two = result["two_replicas"]
     live = [s for s in two if (s["route"]["p99_ms"] or 0.0) <= P99_TARGET_MS] or two[:1]
@@ -440,6 +456,9 @@ def run_replicas(quick: bool, count: int = 2, *, seconds: float | None = None) -
         "replica_speedup": speedup,
         "throughput_one_replica_rps": one_rps,
         "throughput_two_replicas_rps": two_rps,
+        "one_replica_crossed_target": one_crossed,
+        "two_replicas_crossed_target": two_crossed,
+        "replica_speedup_lower_bound": bool(one_crossed and not two_crossed),
         "p99_target_ms": P99_TARGET_MS,
         # at the rates two replicas sustain within the target
         "staleness_p50_ms": _ms(max((v["p50"] for v in stale), default=None)),

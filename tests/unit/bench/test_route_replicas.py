@@ -4,7 +4,7 @@ throughput at the p99 target interpolates where the ladder crosses it."""
 
 from __future__ import annotations
 
-from foretoken.bench.route_replicas import _cpu_per_request, herding, throughput_at
+from foretoken.bench.route_replicas import _cpu_per_request, crossed, herding, throughput_at
 
 
 def test_herding_counts_cross_replica_idle_collisions_within_the_window() -> None:
@@ -31,6 +31,8 @@ def test_throughput_at_the_target_interpolates_the_crossing() -> None:
     assert throughput_at(steps, 100.0) == 44.0  # 40 + 20 * (100 - 80) / (180 - 80)
     assert throughput_at(steps[:2], 100.0) == 40.0  # never crossed: the highest measured
     assert throughput_at([_step(20, 150)], 100.0) is None
+    # a ladder that never crossed gives no throughput to compare (the summary says so)
+    assert crossed(steps, 100.0) and not crossed(steps[:2], 100.0)
 
 
 def test_cpu_per_request_divides_each_replicas_cores_by_its_share_of_the_rate() -> None:
