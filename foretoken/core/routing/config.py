@@ -81,7 +81,7 @@ class PredictorConfig:
     kv_charge_unheld_cache: bool = True
     # Only a held prompt expected to still run when the request is admitted pins what it
     # shares (one whose output is shorter than the steps the prompts sent after it take
-    # has finished by then): foretoken.core.routing.predict.Predictions._pinned_blocks.
+    # has finished by then): foretoken.core.routing.predict.Predictions._held_depths.
     pin_only_running_holders: bool = True
     # A prompt alone on its worker gives prefill samples before its first token, from the
     # time stamps of the KV batches that store its blocks (foretoken.core.routing.kv_progress).

@@ -5,7 +5,7 @@ scheduler with the settings the worker reported)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
@@ -17,7 +17,6 @@ from foretoken.core.cost.wait_scale import WaitScale, WaitScaleConfig
 from foretoken.core.index.protocol import Index
 from foretoken.core.index.state import CacheHit
 from foretoken.core.queue.scheduler import CurveStepCost, NewRequest
-from foretoken.core.queue.worker_queue import Outstanding
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.fleet import WorkerBook
 from foretoken.core.routing.sent_prefixes import SentPrefixes
@@ -192,63 +191,51 @@ class Predictions:
             for profile in profiles
         ]  # fmt: skip
 
-    def _held_surviving(self, profile: WorkerProfile, chain: np.ndarray, depth: int) -> int:
-        """How many of ``chain``'s first ``depth`` blocks (a held prompt's credit) are still
-        in the GPU tier when a prompt sent now starts. A held prompt's blocks are freed when
-        it finishes, at the fresh end of the engine's LRU, and evicted once the prompts sent
-        after it that had no first token yet compute more tokens than the whole GPU pool;
-        so the credit is the deepest share of a holder with no more than that behind it
-        (the prompts sent later, walked newest first, each refreshing what it shares)."""
-        if not (self.config.evict_held_under_pressure and profile.gpu_blocks):
-            return depth
-        if len(profile.tiers) > 1:  # evicted blocks are offloaded, and reused from there
-            return depth
-        pool = profile.gpu_blocks * profile.block_size
+    def _held_depths(self, profile: WorkerProfile, chain: np.ndarray,
+                     depth: int) -> tuple[int, int]:  # fmt: skip
+        """Of ``chain``'s first ``depth`` blocks (its share with prompts held there), how
+        many are (1) still in the GPU tier when a prompt sent now starts, and (2) pinned
+        then by a held prompt still running, so that they cost it no KV blocks. One walk of
+        the held prompts, newest first, with ``behind`` the uncached tokens sent after each
+        and still without a first token:
 
-        def within_pool(entry: Outstanding, behind: int) -> bool | None:
-            return None if behind > pool else True
-
-        return self._deepest_held(profile.worker_id, chain, depth, within_pool)
-
-    def _pinned_blocks(self, profile: WorkerProfile, chain: np.ndarray, depth: int) -> int:
-        """How many of ``chain``'s first ``depth`` blocks (shared with held prompts) a held
-        prompt still runs with when a prompt sent now is admitted, so that they cost it no
-        KV blocks. A holder is admitted before it (FIFO) and runs its own output's steps;
-        the uncached prompt tokens sent after the holder and still without a first token
-        take at least ``tokens / max_num_batched_tokens`` steps before the new prompt is
-        admitted. A holder whose expected output is shorter than that has finished by then,
-        and its blocks are back in the free pool."""
+        1. a held prompt's blocks are freed when it finishes, at the fresh end of the
+           engine's LRU, and evicted once the prompts sent after it compute more than the
+           whole GPU pool: the deepest share of a holder with no more than that behind it
+           (not on a worker with an offload tier: evicted blocks are reused from there);
+        2. a holder is admitted before the new prompt (FIFO) and runs its own output's
+           steps, while ``behind`` takes at least ``behind / max_num_batched_tokens`` steps
+           before the new prompt is admitted: a holder whose expected output is shorter has
+           finished by then, its blocks back in the free pool. At most (1)."""
+        evicts = bool(self.config.evict_held_under_pressure and profile.gpu_blocks
+                      and len(profile.tiers) <= 1)  # fmt: skip
+        pins = self.config.pin_only_running_holders
+        if not (evicts or pins):
+            return depth, depth
+        pool = (profile.gpu_blocks or 0) * profile.block_size
         budget = max(profile.scheduler.max_num_batched_tokens, 1)
-
-        def still_runs(entry: Outstanding, behind: int) -> bool | None:
-            return behind < budget * entry.expected_output_tokens
-
-        return self._deepest_held(profile.worker_id, chain, depth, still_runs)
-
-    def _deepest_held(
-        self, wid: WorkerId, chain: np.ndarray, depth: int,
-        counts: Callable[[Outstanding, int], bool | None],
-    ) -> int:  # fmt: skip
-        """The deepest share (at most ``depth`` blocks) of ``chain`` with a prompt held at
-        ``wid`` that vouches for it, walked newest first: ``counts(entry, behind)`` — with
-        ``behind`` the uncached tokens sent after that holder and still without a first
-        token — says whether it does (True, False), or ends the walk (None)."""
-        queue = self.book.queues[wid]
-        behind, best = 0, 0
-        for rid, held in self.sent.held_at(wid):
+        queue = self.book.queues[profile.worker_id]
+        behind, surviving, pinned = 0, (0 if evicts else depth), 0
+        open_ = evicts  # the surviving walk goes on
+        for rid, held in self.sent.held_at(profile.worker_id):
             entry = queue.get(rid)
             if entry is None:
                 continue
-            verdict = counts(entry, behind)
-            if verdict is None:
+            if open_ and behind > pool:
+                open_ = False
+            runs = pins and behind < budget * entry.expected_output_tokens
+            if open_ or runs:
+                shared = shared_depth(held, chain, depth)
+                if open_:
+                    surviving = max(surviving, shared)
+                    open_ = surviving < depth
+                if runs:
+                    pinned = max(pinned, shared)
+            if not open_ and (not pins or pinned >= surviving):
                 break
-            if verdict:
-                best = max(best, shared_depth(held, chain, depth))
-                if best >= depth:
-                    break
             if entry.first_token_s is None:
                 behind += entry.prompt_tokens - entry.cached_tokens
-        return best
+        return surviving, min(pinned, surviving) if pins else surviving
 
     def _one(
         self, profile: WorkerProfile, hit: CacheHit | None, n: int, now_s: float, out: int,
@@ -259,13 +246,11 @@ class Predictions:
         deepest: Tier | None = None
         source = profile.cache_source
         # the engine counts at most (n - 1) // block_size blocks, one less with EAGLE
+        pinned_blocks = held_blocks
         if held_blocks and chain is not None:
-            held_blocks = self._held_surviving(profile, chain, held_blocks)
+            held_blocks, pinned_blocks = self._held_depths(profile, chain, held_blocks)
         held = max(held_blocks - profile.eagle, 0) * profile.block_size
-        pinned_held = held
-        if held and chain is not None and self.config.pin_only_running_holders:
-            pinned = self._pinned_blocks(profile, chain, held_blocks)
-            pinned_held = max(pinned - profile.eagle, 0) * profile.block_size
+        pinned_held = max(pinned_blocks - profile.eagle, 0) * profile.block_size
         if held > 0 and (hit is None or held > hit.tokens):
             # a prompt still held there shares more: it will be in the GPU tier when this
             # one starts (the earlier prompt loads or computes it first)
