@@ -84,7 +84,8 @@ def median_share(ordered: list[int], uncached: int, pool_tokens: int | None) -> 
 class RecentSends:
     """Per worker, the last :data:`KEEP` requests sent there: (send time, uncached tokens).
     A candidate's delay costs a few bisections (the window's sorted sizes are kept until a
-    send or the window's edge changes them): ~40 µs with numpy over the window each time."""
+    send or the window's edge changes them); numpy over the whole window each time had
+    cost ~40 µs."""
 
     __slots__ = ("_sends",)
 
