@@ -207,7 +207,9 @@ impl Worker {
         now_s: f64,
         stats: &mut ApplyStats,
     ) {
-        if !event.full_attention {
+        // a kindless store (an offload placeholder) of a group known not to be full attention
+        // is that group's too: it credits no prefix
+        if !event.full_attention || self.nonfull_groups.contains(&event.group_idx) {
             self.nonfull_groups.insert(event.group_idx);
             stats.ignored_blocks += event.hashes.len() as u64;
             return;

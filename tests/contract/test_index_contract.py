@@ -230,6 +230,22 @@ def test_only_full_attention_groups_count() -> None:
     assert index.lookup(M, prompt)[WorkerId("a")].tokens == 4
 
 
+def test_a_kindless_store_of_a_group_known_not_to_be_full_attention_is_ignored() -> None:
+    """vLLM's offload connector stores placeholders (no tokens, no kind) for every group,
+    sliding-window ones too; the GPU stores told us that group is not full attention.
+    Before: the placeholder was taken as a full-attention CPU copy and outlived the GPU one."""
+    index = fresh("a")
+    prompt = toks(2)
+    index.apply(batch("a", stored([1, 2], prompt),
+                      stored([1, 2], prompt, group_idx=1, full_attention=False)), 0.0)  # fmt: skip
+    placeholder = stored([1, 2], [], medium="CPU", group_idx=1)
+    stats = index.apply(batch("a", placeholder, seq=1), 0.0)
+    assert stats.ignored_blocks == 2
+    assert tokens_of(index.lookup(M, prompt)[WorkerId("a")]) == {"GPU": 4}
+    index.apply(batch("a", removed([1, 2]), seq=2), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+
+
 def test_two_full_attention_groups_hold_two_copies() -> None:
     index = fresh("a")
     prompt = toks(2)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -27,6 +28,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from foretoken.adapters.processes import get_json
 from foretoken.settings import Settings
+from foretoken.sim.live.vllm_wire import seq_bytes
 from foretoken.wire.codec import decode
 from foretoken.wire.records import BlockStored, DeadLetter
 from tests.conftest import RunningWorker
@@ -190,6 +192,29 @@ def test_five_garbage_frames_do_not_wipe_a_healthy_index(
         health = ingest.engine("garbled")
         assert health["undecodable"] == 8 and health["skipped"] == 5 and health["resets"] == 0
         assert health["gaps"] == 0 and health["expected_seq"] == 56
+    finally:
+        ingest.stop()
+
+
+def test_a_bad_event_does_not_take_its_batchs_removal_down_with_it(
+    engines: list[FakeEngine], faust_worker: RunningWorker, tmp_path: Path
+) -> None:
+    """One unreadable store (token ids past 2^32, as LMCache's hash-based storing sends)
+    beside a valid removal: the removal applies, the store alone is dead-lettered."""
+    (eng,), ingest = start_ingest(engines, ["mixed"], faust_worker, tmp_path)
+    try:
+        eng.stored(0, prompt(0))
+        eng.stored(1, prompt(1))
+        wait_until(lambda: cached(faust_worker, MODEL, "mixed", prompt(1)) > 0, "two prompts")
+        bad = {"type": "BlockStored", "block_hashes": [77], "token_ids": [1 << 40] * BLOCK,
+               "block_size": BLOCK, "medium": "CPU"}  # fmt: skip
+        removal = {"type": "BlockRemoved", "block_hashes": [0, 1, 2, 3], "medium": "GPU"}
+        eng.raw([b"", seq_bytes(2), msgspec.msgpack.encode([time.time(), [bad, removal], 0])])
+        wait_until(lambda: cached(faust_worker, MODEL, "mixed", prompt(0)) == 0, "the removal")
+        assert cached(faust_worker, MODEL, "mixed", prompt(1)) == len(prompt(1))
+        health = ingest.engine("mixed")
+        assert health["bad_events"] == 1 and health["undecodable"] == 0
+        assert health["dead_letters"] == 1 and health["expected_seq"] == 3
     finally:
         ingest.stop()
 

@@ -32,7 +32,13 @@ Events are msgspec tagged unions whose tag is the class name: ``BlockStored``,
 vLLM ``BlockStored`` field order: block_hashes, parent_block_hash, token_ids, block_size,
     lora_id, medium (PR #19737), lora_name (#27577), extra_keys (#33304, one entry per
     block: a tuple of MM hashes / LoRA name / cache_salt / prompt-embeds hashes, or nil),
-    group_idx (#37688), kv_cache_spec_kind and kv_cache_spec_sliding_window (#40984).
+    group_idx (#37688), kv_cache_spec_kind and kv_cache_spec_sliding_window (#40984),
+    then (map form only) locality (#48281: "LOCAL"/"REMOTE"/nil, on removals too) and
+    ownership (#52067: which secondary tier emitted it). Secondary tiers publish media
+    ``FS``/``OBJ`` (#47923), later one ``STORAGE`` (#48123): a REMOTE store or removal on
+    any lower tier is our SHARED tier, else FS/STORAGE are DISK and OBJ SHARED. Ownership
+    is not needed: each tier stores and removes its own copies, and the index counts copies
+    per tier, so one tier's removal leaves another's copy credited.
     ``BlockRemoved``: block_hashes, medium, group_idx. ``AllBlocksCleared``: no fields.
     Kinds (``vllm/v1/kv_cache_interface.py`` ``KVCacheSpecKind``): full_attention,
     mla_attention, sink_full_attention describe a reusable prefix; sliding_window,
@@ -62,7 +68,9 @@ SGLang stores (``python/sglang/srt/mem_cache/events.py`` ``KVCacheEventRecorder`
     already covers.
 Offload connectors (vLLM ``offloading_connector.py`` ``take_events``) store with
     ``parent_block_hash`` nil, ``token_ids`` empty and ``block_size`` 0 (or the offload
-    block size) on media such as ``CPU``; such stores decode with ``token_ids=()``.
+    block size) on media such as ``CPU``; such stores decode with ``token_ids=()``. They
+    carry no ``kv_cache_spec_kind`` even for sliding-window groups; the index ignores a
+    kindless store of a group whose GPU stores named it not full attention.
 
 Normalization choices: ``block_size`` nil or 0 becomes ``default_block_size``; a nil
 ``group_idx`` is 0; a nil ``lora_name`` with a ``lora_id`` becomes ``"lora-id:<id>"`` so LoRA
@@ -70,7 +78,12 @@ blocks never alias base-model blocks; ``extra_keys`` is empty when no block has 
 else one compact-JSON string per block (``""`` for nil); SGLang's ``cache_salt`` goes
 into the first block's entry (``["<salt>"]``) of a chain that starts at the root, as vLLM
 does. Events on a medium we cannot place (not in :data:`TIER_NAMES`) are skipped and
-counted. Anything malformed raises :class:`DecodeError`, never another exception.
+counted. Anything malformed raises :class:`DecodeError`, never another exception — but a
+malformed *event* in an otherwise readable batch costs only itself: the batch keeps its other
+events and carries the bad one in :attr:`DecodedBatch.bad_events` (ingest dead-letters it with
+the reason). Dropping the whole batch for one event would also drop its valid removals, which
+leaves stale blocks credited (LMCache, for one, can put chunk hashes where token ids go). A
+batch whose every event is malformed raises: that engine's format is not one we read.
 """
 
 from __future__ import annotations
@@ -107,9 +120,12 @@ MAX_TOKEN_ID: Final = (1 << 32) - 1
 _TIER_GROUPS: Final[dict[Tier, tuple[str, ...]]] = {
     "GPU": ("GPU", "DEVICE"),
     "CPU": ("CPU", "CPU_PINNED", "CPU_TIER1"),
-    "DISK": ("CPU_TIER2", "DISK", "NVME", "STORAGE"),
-    "SHARED": ("EXTERNAL", "NETWORK", "REMOTE", "SHARED", "LMCACHE"),
+    "DISK": ("CPU_TIER2", "DISK", "NVME", "STORAGE", "FS"),
+    "SHARED": ("EXTERNAL", "NETWORK", "REMOTE", "SHARED", "LMCACHE", "OBJ"),
 }
+# vLLM's secondary tiers tag their events ``locality`` LOCAL or REMOTE (PR #48281; nil:
+# unspecified, never inferred): a REMOTE copy of a lower tier is the shared tier's load cost.
+REMOTE_LOCALITY: Final = "REMOTE"
 # Engine medium names (upper-cased) → our tier.
 TIER_NAMES: Final[Mapping[str, Tier]] = {
     name: tier for tier, names in _TIER_GROUPS.items() for name in names
@@ -137,6 +153,15 @@ _msgpack = msgspec.msgpack.Decoder()
 
 
 @dataclass(frozen=True, slots=True)
+class BadEvent:
+    """One malformed event of a readable batch: its position, why, and its msgpack bytes."""
+
+    index: int
+    reason: str
+    raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class DecodedBatch:
     """One decoded engine message: the normalized batch and what was skipped in it."""
 
@@ -145,6 +170,7 @@ class DecodedBatch:
     unknown_tags: Mapping[str, int] = field(default_factory=dict)
     unknown_media: Mapping[str, int] = field(default_factory=dict)
     topic: bytes = b""
+    bad_events: tuple[BadEvent, ...] = ()
 
 
 # --------------------------------------------------------------------------- frames
@@ -245,13 +271,19 @@ def decode_engine_payload(
     ts, raw_events, dp_rank = _batch_fields(raw)
     decoder = _EventDecoder(engine, default_block_size)
     events: list[KvEvent] = []
+    bad: list[BadEvent] = []
     for index, raw_event in enumerate(raw_events):
         try:
             decoder.decode(raw_event, events)
         except DecodeError as exc:
-            raise DecodeError(f"event {index}: {exc.reason}") from exc
+            bad.append(_bad_event(index, exc.reason, raw_event))
         except ValueError as exc:  # a record's own validation
-            raise DecodeError(f"event {index}: invalid record: {exc}") from exc
+            bad.append(_bad_event(index, f"invalid record: {exc}", raw_event))
+    if bad and len(bad) == len(raw_events):
+        raise DecodeError(
+            f"event {bad[0].index}: {bad[0].reason}"
+            + (f" (and {len(bad) - 1} more bad events)" if len(bad) > 1 else "")
+        )
     try:
         batch = KvEventBatch(
             worker_id=worker_id,
@@ -269,7 +301,16 @@ def decode_engine_payload(
         unknown_tags=decoder.unknown_tags,
         unknown_media=decoder.unknown_media,
         topic=topic,
+        bad_events=tuple(bad),
     )
+
+
+def _bad_event(index: int, reason: str, raw_event: Any) -> BadEvent:
+    try:
+        raw = msgspec.msgpack.encode(raw_event)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        raw = repr(raw_event)[:4096].encode()
+    return BadEvent(index=index, reason=reason, raw=raw)
 
 
 def backfill_request_frames(start_seq: int) -> list[bytes]:
@@ -406,10 +447,14 @@ class _EventDecoder:
             return map_tag, raw
         raise DecodeError(f"an event is an array or a map, got {type(raw).__name__}")
 
-    def _tier(self, medium: Any) -> Tier | None:
+    def _tier(self, medium: Any, locality: Any = None) -> Tier | None:
         tier = tier_of(medium)
         if tier is None:
             self.unknown_media[medium] = self.unknown_media.get(medium, 0) + 1
+            return None
+        locality = _opt_str(locality, "locality")
+        if tier != "GPU" and locality is not None and locality.upper() == REMOTE_LOCALITY:
+            return "SHARED"
         return tier
 
     def _group(self, fields: Mapping[Any, Any]) -> int:
@@ -420,7 +465,7 @@ class _EventDecoder:
             raise DecodeError("BlockRemoved without block_hashes")
         hashes = _hashes(fields["block_hashes"])
         group = self._group(fields)
-        tier = self._tier(fields.get("medium"))
+        tier = self._tier(fields.get("medium"), fields.get("locality"))
         if tier is None:
             return None
         return BlockRemoved(block_hashes=hashes, medium=tier, group_idx=group)
@@ -447,7 +492,7 @@ class _EventDecoder:
         kind = _opt_str(fields.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
         extra = self._extra_keys(fields, len(hashes), parent is None)
         group = self._group(fields)
-        tier = self._tier(fields.get("medium"))
+        tier = self._tier(fields.get("medium"), fields.get("locality"))
         if tier is None:
             return None
         return BlockStored(

@@ -43,6 +43,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
                          "Records Kafka refused or did not acknowledge."),
     "dropped_events": ("foretoken_ingest_dropped_events",
                        "Events too big for any record (one block above the limit)."),
+    "bad_events": ("foretoken_ingest_bad_events", "Malformed events dead-lettered from batches "
+                   "whose other events went out."),
     "unknown_tags": ("foretoken_ingest_unknown_tags", "Events of unknown tags."),
     "unknown_media": ("foretoken_ingest_unknown_media", "Events on a medium we cannot map."),
     "disconnects": ("foretoken_ingest_disconnects", "ZMQ disconnects of the SUB socket (an "
@@ -81,6 +83,7 @@ class EngineHealth:
     dead_letters: int = 0
     produce_failures: int = 0
     dropped_events: int = 0
+    bad_events: int = 0
     unknown_tags: int = 0
     unknown_media: int = 0
     disconnects: int = 0

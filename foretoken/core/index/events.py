@@ -24,7 +24,9 @@ from foretoken.core.types import BlockRemoved, BlockStored
 
 
 def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -> None:
-    if not event.full_attention:
+    # a kindless store (an offload placeholder) of a group the worker's stores showed not to
+    # be full attention is that group's too: it credits no prefix
+    if not event.full_attention or event.group_idx in worker.nonfull_groups:
         worker.nonfull_groups.add(event.group_idx)
         stats.ignored_blocks += len(event.block_hashes)
         return

@@ -214,6 +214,31 @@ def test_tier_mapping(medium: str | None, tier: str) -> None:
     assert stored.medium == removed.medium == tier
 
 
+@pytest.mark.parametrize(
+    ("medium", "locality", "tier"),
+    [
+        ("STORAGE", None, "DISK"),
+        ("STORAGE", "LOCAL", "DISK"),
+        ("STORAGE", "REMOTE", "SHARED"),
+        ("FS", None, "DISK"),
+        ("FS", "remote", "SHARED"),
+        ("OBJ", "REMOTE", "SHARED"),
+        ("CPU", "REMOTE", "SHARED"),
+        ("GPU", "REMOTE", "GPU"),
+    ],
+)
+def test_secondary_tier_locality_places_the_copy(
+    medium: str, locality: str | None, tier: str
+) -> None:
+    """vLLM PR #48281: FS/OBJ/STORAGE events say LOCAL or REMOTE; a remote copy loads at the
+    shared tier's cost, and its removal must hit that tier, not local disk."""
+    extra = {} if locality is None else {"locality": locality}
+    store = stored_map(medium=medium, ownership="fs-tier-0", **extra)
+    removal = {"type": "BlockRemoved", "block_hashes": [11], "medium": medium, **extra}
+    decoded = vllm([1.0, [store, removal], 0])
+    assert [e.medium for e in decoded.batch.events] == [tier, tier]  # type: ignore[union-attr]
+
+
 def test_unknown_medium_skips_the_event_and_counts_it() -> None:
     events = [stored_map(medium="HOLOGRAPHIC"), ["BlockRemoved", [1], "HOLOGRAPHIC"]]
     decoded = vllm([1.0, [*events, ["BlockRemoved", [2], "GPU"]], 0])
@@ -378,14 +403,35 @@ def test_bad_frames_raise_decode_error(bad: Any) -> None:
         [1.0, [stored_map(group_idx="0")], 0],
         [1.0, [stored_map(kv_cache_spec_kind=1)], 0],
         [1.0, [stored_map(lora_id="a")], 0],
+        [1.0, [stored_map(medium="STORAGE", locality=3)], 0],
         [1.0, [["BlockRemoved"]], 0],
-        [1.0, [["AllBlocksCleared"], {"type": 3}], 0],
+        [1.0, [{"type": 3}, stored_map(token_ids=[1, 2, 3])], 0],
     ],
 )
 def test_malformed_batches_raise_decode_error(batch: Any) -> None:
     with pytest.raises(DecodeError) as info:
         vllm(batch)
     assert info.value.reason
+
+
+def test_one_bad_event_costs_only_itself_not_the_batch() -> None:
+    """Before: a bad store rejected the whole batch, so the valid removal beside it was lost
+    and its blocks stayed credited. LMCache's hash-based storing puts chunk hashes (> 2^32)
+    where token ids go: that store is refused, the rest of the batch applies."""
+    lmcache_store = stored_map(block_hashes=[21], token_ids=[1 << 40] * BS, medium="CPU")
+    batch = [1.0, [["BlockRemoved", [7, 8], "GPU"], lmcache_store, stored_map(), {"type": 3}], 0]
+    decoded = vllm(batch, seq=9)
+    assert [type(e).__name__ for e in decoded.batch.events] == ["BlockRemoved", "BlockStored"]
+    assert decoded.batch.events[0] == BlockRemoved(block_hashes=(7, 8), medium="GPU")
+    assert [b.index for b in decoded.bad_events] == [1, 3]
+    assert "token ids" in decoded.bad_events[0].reason
+    assert msgspec.msgpack.decode(decoded.bad_events[0].raw) == lmcache_store
+    assert "type" in decoded.bad_events[1].reason
+
+
+def test_a_batch_of_only_bad_events_is_undecodable() -> None:
+    with pytest.raises(DecodeError, match=r"event 0: .*\(and 1 more bad events\)"):
+        vllm([1.0, [{"type": 3}, ["BlockRemoved"]], 0])
 
 
 def test_sglang_bigram_with_three_items_is_garbage() -> None:

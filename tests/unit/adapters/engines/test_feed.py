@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import msgspec
+
 from foretoken.adapters.engines.decoders import DecodedBatch, decode_engine_frames
 from foretoken.adapters.engines.decoders import decode_engine_payload as decode_payload
 from foretoken.adapters.engines.feed import EngineFeed, FeedIO
@@ -163,3 +165,17 @@ def test_a_restart_with_an_unreadable_first_batch_is_not_exact() -> None:
     s.replay = {0: b"\xc1"}
     s.batch(1)
     assert s.seqs()[5:] == ["r", 1] and s.health.skipped == 1
+
+
+def test_a_bad_event_is_dead_lettered_and_the_rest_of_its_batch_goes_out() -> None:
+    s = Stream()
+    s.batch(0)
+    removed = ["BlockRemoved", [0], "GPU"]
+    bad = {"type": "BlockStored", "block_hashes": [5], "token_ids": [-1] * BS}
+    payload = msgspec.msgpack.encode([2.0, [bad, removed], 0])
+    s.send([b"", seq_bytes(1), payload])
+    s.batch(2)
+    assert s.seqs() == [0, 1, 2]  # no lost batch, no gap, no reset
+    assert [type(e).__name__ for e in s.out[1].events] == ["BlockRemoved"]
+    assert len(s.dead) == 1 and s.dead[0].startswith("seq 1 event 0: token ids")
+    assert s.health.bad_events == 1 and s.health.undecodable == 0
