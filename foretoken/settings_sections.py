@@ -128,6 +128,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     route_timeout_s: float = 0.25
     # After a failed route call, use the fallback for this long before asking again.
     route_retry_after_failure_s: float = 0.5
+    # The longest an engine may stay silent: to connect, before its first token, or between
+    # two reads of its stream (an idle timeout: a long answer that keeps coming is not cut).
     engine_timeout_s: float = 600.0
     # Request bodies: the largest the router reads (413 past it; the route service takes the
     # same limit), and how long one may take to arrive (408 after).

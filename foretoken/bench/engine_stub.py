@@ -13,7 +13,11 @@ For the tests, a body holding one of these markers changes the answer: ``__stub_
 (a 400 with an OpenAI error body), ``__stub_error_event__`` (an SSE error event after the first
 token, then ``[DONE]``), ``__stub_break__`` (the connection dropped after the first token),
 ``__stub_echo_headers__`` (the first token's text is the request's headers as JSON),
-``__stub_echo_body__`` (one token per choice of ``n``, choice 0's text the body as received).
+``__stub_echo_body__`` (one token per choice of ``n``, choice 0's text the body as received),
+``__stub_crlf__`` (the stream's lines end in CRLF), ``__stub_429__`` (a 429 with
+``Retry-After: 7``), ``__stub_slow__`` (8 tokens 0.4 s apart), ``__stub_stall__`` (one token,
+then silence). ``/metrics`` counts the requests served and the ones whose connection the
+client closed before the answer was complete (``aborted``: what a real engine aborts).
 
 ``--engines-out FILE`` writes the engines file the router, ingest and the bench use (KV
 events off: the route service credits the cache approximately).
@@ -92,7 +96,7 @@ class Answers:
 
 
 def json_response(status: int, body: bytes) -> bytes:
-    reason = {200: b"OK", 404: b"Not Found"}.get(status, b"OK")
+    reason = {200: b"OK", 404: b"Not Found", 429: b"Too Many Requests"}.get(status, b"OK")
     return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
             % (status, reason, len(body), body))  # fmt: skip
 
@@ -110,6 +114,8 @@ class StubProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self.busy:
+            self.engine.aborted += 1
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -158,7 +164,8 @@ class StubProtocol(asyncio.Protocol):
             self.transport.write(json_response(200, listing))
         elif method == b"GET" and path == b"/metrics":
             self.transport.write(json_response(200, b"foretoken_stub_requests_total %d\n"
-                                               % e.served))  # fmt: skip
+                                               b"foretoken_stub_aborted_total %d\n"
+                                               % (e.served, e.aborted)))  # fmt: skip
         else:
             self.transport.write(json_response(404, b'{"error":{"message":"not found"}}'))
 
@@ -191,7 +198,39 @@ class StubProtocol(asyncio.Protocol):
             self.transport.write(e.answers.stream_head + one)
             self.transport.close()
             return True
+        if b"__stub_crlf__" in body:
+            tail = (e.answers.chat_end if chat else e.answers.text_end) + e.answers.done
+            events = [_unchunk(part) for part in (one, one, tail)]
+            crlf = b"".join(ev.replace(b"\n", b"\r\n") for ev in events if ev)
+            self.transport.write(e.answers.stream_head + _chunk(crlf) + b"0\r\n\r\n")
+            return True
+        if b"__stub_429__" in body:
+            err = b'{"error":{"message":"stub is overloaded","type":"RateLimitError","code":429}}'
+            answer = json_response(429, err).replace(b"\r\n", b"\r\nRetry-After: 7\r\n", 1)
+            self.transport.write(answer)
+            return True
+        if b"__stub_slow__" in body or b"__stub_stall__" in body:
+            self.busy = True
+            self.transport.write(e.answers.stream_head + (e.answers.role if chat else b""))
+            if b"__stub_slow__" in body:
+                e.loop.call_later(0.0, self._drip, chat, 8, 0.4)
+            else:  # one token, then nothing until the client closes
+                self.transport.write(one)
+            return True
         return False
+
+    def _drip(self, chat: bool, left: int, gap_s: float) -> None:
+        t, e = self.transport, self.engine
+        if t is None or t.is_closing():
+            self._free()
+            return
+        if left > 0:
+            t.write(e.answers.chat if chat else e.answers.text)
+            e.loop.call_later(gap_s, self._drip, chat, left - 1, gap_s)
+            return
+        t.write((e.answers.chat_end if chat else e.answers.text_end) + e.answers.done)
+        e.served += 1
+        self._free()
 
     def _token(self, chat: bool, left: int, n: int, usage: bool) -> None:
         t, e = self.transport, self.engine
@@ -221,6 +260,18 @@ class StubProtocol(asyncio.Protocol):
             self._next()
 
 
+def _unchunk(data: bytes) -> bytes:
+    """The bytes of chunked-encoded pieces (the pre-encoded answers), without the framing."""
+    out, rest = b"", data
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        out, rest = out + rest[:size], rest[size + 2 :]
+    return out
+
+
 def _echo_body(body: bytes, chat: bool, model: str) -> bytes:
     """``n`` choices of one token each, then their finish events; choice 0 says the body."""
     m = _N.search(body)
@@ -246,6 +297,7 @@ class StubEngine:
         self.ttft_s, self.itl_s = ttft_s, itl_s
         self.answers = Answers(model)
         self.served = 0
+        self.aborted = 0
 
 
 def engines_file(ports: list[int], model: str, host: str = "127.0.0.1") -> str:

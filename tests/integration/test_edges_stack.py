@@ -244,24 +244,29 @@ def test_ids_that_are_not_text_are_400_and_the_router_keeps_publishing(stack: St
         time.sleep(0.2)
 
 
-def test_a_request_id_reused_for_another_prompt_is_409_not_the_old_decision(stack: Stack) -> None:
+def test_a_request_id_reused_for_another_prompt_is_never_the_old_decision(stack: Stack) -> None:
     """The route service answered a known request id with its first decision whatever the
-    new request was: another prompt (past admission) went to the first one's worker."""
-    rid = {"x-request-id": f"reused-{time.time_ns()}"}
-    assert complete(stack, 9100, rid) == 200
-    assert complete(stack, 9100, rid) == 200  # the same request again: the same decision
-    status, answer = post(
-        f"{stack.router_url}/v1/completions",
-        json.dumps({"model": MODEL, "prompt": "another prompt " * 300, "max_tokens": 2}).encode(),
-        rid,
-    )
-    assert status == 409 and answer["error"]["code"] == "request_id_reused", answer
+    new request was: another prompt (past admission) went to the first one's worker. The
+    service answers such an id 409; the router, which owns its ids, gives each request its
+    own (the client's x-request-id, then ``~2``…) and a fresh one when the service already
+    knows the id (another router process used it), never a 409 to the client."""
     route = {"x-foretoken-route-token": TOKEN}
     first = json.dumps({"request_id": "r409", "model": MODEL, "prompt_tokens": 5}).encode()
     assert post(f"{stack.worker.url}/v1/route", first, route)[0] == 200
     other = json.dumps({"request_id": "r409", "model": MODEL, "prompt_tokens": 2000}).encode()
     status, answer = post(f"{stack.worker.url}/v1/route", other, route)
     assert status == 409 and answer["error"]["param"] == "request_id", answer
+    # r409 is known to the service for a 5-token prompt: this one gets a fresh id
+    body = json.dumps({"model": MODEL, "prompt": "another prompt " * 300, "max_tokens": 2})
+    req = urllib.request.Request(f"{stack.router_url}/v1/completions", data=body.encode(),
+                                 method="POST", headers={"Content-Type": "application/json",
+                                                         "x-request-id": "r409"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+        assert resp.headers["x-request-id"].startswith("r409~")
+    rid = {"x-request-id": f"reused-{time.time_ns()}"}
+    assert complete(stack, 9100, rid) == 200
+    assert complete(stack, 9101, rid) == 200
 
 
 def test_compressed_bodies_and_unknown_paths_get_json_errors(stack: Stack) -> None:

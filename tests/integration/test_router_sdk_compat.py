@@ -353,4 +353,6 @@ def test_the_sdks_against_the_simulated_fleet(fleet_router: tuple[str, str]) -> 
         assert s.get_final_message().usage.output_tokens == 3
     counted = a.messages.count_tokens(model=model, system=messages[0]["content"],
                                       messages=[{"role": "user", "content": "hi"}])  # fmt: skip
-    assert counted.input_tokens == m.usage.input_tokens  # what was routed is what is counted
+    # what was routed is what is counted; Anthropic's input_tokens are the uncached ones
+    cache_read = m.usage.cache_read_input_tokens or 0
+    assert counted.input_tokens == m.usage.input_tokens + cache_read

@@ -35,7 +35,8 @@ OTHER_BLOCK_FIELDS: Final = (
     "source", "id", "name", "input", "tool_use_id", "content", "is_error", "thinking",
     "signature", "data", "title", "context", "citations",
 )  # fmt: skip
-STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+                       "content_filter": "refusal"}  # fmt: skip
 _encoder = msgspec.json.Encoder()
 _json = msgspec.json.Decoder()
 
@@ -88,7 +89,7 @@ class MessagesBody(_Base, kw_only=True, forbid_unknown_fields=True):
     max_tokens: Annotated[int, Meta(ge=1, le=INT32_MAX)]
     stream: bool | None = False
     stop_sequences: list[str] | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None  # Anthropic's range
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
     metadata: Metadata | None = None
@@ -260,12 +261,16 @@ class AnthropicRelay:
                     + _event("message_stop", {}))  # fmt: skip
 
     def usage(self, m: Measured) -> dict[str, Any]:
-        usage: dict[str, Any] = {"input_tokens": m.prompt_tokens or self.input_tokens,
+        """Anthropic's usage: ``input_tokens`` are the prompt tokens *not* read from the cache
+        (the total is input + cache_read + cache_creation), unlike OpenAI's prompt_tokens."""
+        prompt = m.prompt_tokens or self.input_tokens
+        cached = m.cached_tokens
+        if cached is None and m.usage_seen and self.reports_cached:
+            cached = 0  # omitted on a miss (vLLM)
+        usage: dict[str, Any] = {"input_tokens": max(0, prompt - (cached or 0)),
                                  "output_tokens": m.output_tokens}  # fmt: skip
-        if m.cached_tokens is not None:
-            usage["cache_read_input_tokens"] = m.cached_tokens
-        elif m.usage_seen and self.reports_cached:  # omitted on a miss (vLLM)
-            usage["cache_read_input_tokens"] = 0
+        if cached is not None:
+            usage["cache_read_input_tokens"] = min(cached, prompt)
         return usage
 
     def answer(self, m: Measured) -> dict[str, Any]:

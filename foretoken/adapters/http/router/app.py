@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import os
@@ -112,7 +113,10 @@ class RouterState:
         self.models = sorted({e.model for e in self.engines.values()})
         self.keys = _api_keys(self.settings)
         self.forward_headers = tuple(h.lower() for h in cfg.forward_headers)
-        self.engine_timeout = aiohttp.ClientTimeout(total=cfg.engine_timeout_s)
+        # An idle timeout, not a total one: a healthy stream (a long answer) is never cut;
+        # an engine silent for engine_timeout_s (before its first token, or mid-stream) is.
+        self.engine_timeout = aiohttp.ClientTimeout(total=None, connect=cfg.engine_timeout_s,
+                                                    sock_read=cfg.engine_timeout_s)  # fmt: skip
 
     def authorized(self, request: web.Request) -> bool:
         if not self.keys:
@@ -186,9 +190,13 @@ async def place(state: RouterState, request: web.Request, body: Any, tokens: np.
 
 
 async def route(state: RouterState, p: Placement, anthropic_shape: bool
-                ) -> tuple[Grant, str] | web.Response:  # fmt: skip
-    """The grant and the engine's URL, or the answer that turns the request away."""
+                ) -> tuple[Grant, str, Placement] | web.Response:  # fmt: skip
+    """The grant, the engine's URL and the placement under the grant's request id (a fresh
+    one when the route service knew the first for another request), or the answer that
+    turns the request away."""
     grant, url = await state.routing.decide(p)
+    if grant.request_id != p.request_id:
+        p = dataclasses.replace(p, request_id=grant.request_id)
     state.publisher.put("grants", grant)
     if grant.reject_reason == RejectReason.PROMPT_EXCEEDS_KV_CAPACITY:
         state.metrics.outcome["too_large"].inc()
@@ -201,7 +209,7 @@ async def route(state: RouterState, p: Placement, anthropic_shape: bool
         state.routing.rejected(p.client_id)
         return errors.rejection(grant, anthropic_shape)
     state.routing.admitted(p.client_id)
-    return grant, url
+    return grant, url, p
 
 
 async def relay_to_engine(
@@ -300,7 +308,7 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
         return refused(state, exc, False)
     if isinstance(routed, web.Response):
         return routed
-    grant, url = routed
+    grant, url, p = routed
     path = "/v1/chat/completions" if chat else "/v1/completions"
     response = EventStream(headers={**SSE_HEADERS, "x-request-id": p.request_id})
     cached = state.reports_cached(grant)
@@ -316,7 +324,8 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
     if isinstance(relay, OpenAIStream):
         return response
     if m.status != "ok" or relay.error is not None:
-        return errors.openai_error(502, relay.error or m.error or "engine error", "api_error",
+        return errors.openai_error(504 if m.timed_out else 502,
+                                   relay.error or m.error or "engine error", "api_error",
                                    headers={"x-request-id": p.request_id})  # fmt: skip
     return web.Response(body=_encoder.encode(relay.answer(p.model, p.request_id)),
                         content_type="application/json",
@@ -351,7 +360,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return refused(state, exc, True)
     if isinstance(routed, web.Response):
         return routed
-    grant, url = routed
+    grant, url, p = routed
     response = (EventStream(headers={**SSE_HEADERS, "request-id": p.request_id})
                 if body.stream else None)  # fmt: skip
     relay = anthropic.AnthropicRelay(request, response, f"msg_{p.request_id}", body.model,
@@ -363,11 +372,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if m.engine_status != 200:
         return edge.engine_refusal(m, True, p.request_id)
     if response is not None:
-        await relay.finish(m)
+        with contextlib.suppress(ClientGone):  # gone after the last text: nothing to tell
+            await relay.finish(m)
         return response
     if m.status != "ok":
-        return errors.anthropic_error(502, m.error or "engine error", p.request_id,
-                                      {"request-id": p.request_id})  # fmt: skip
+        return errors.anthropic_error(504 if m.timed_out else 502, m.error or "engine error",
+                                      p.request_id, {"request-id": p.request_id})  # fmt: skip
     return web.Response(body=_encoder.encode(relay.answer(m)), content_type="application/json",
                         headers={"request-id": p.request_id})  # fmt: skip
 
@@ -484,7 +494,10 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
         ("GET", "/metrics", metrics),
     ]
     for method, path, handler in routes:
-        app.router.add_route(method, path, handler)
+        if method == "GET":
+            app.router.add_get(path, handler)  # and HEAD (a load balancer's health probe)
+        else:
+            app.router.add_route(method, path, handler)
     return app
 
 
@@ -501,8 +514,13 @@ LINGER_S = 1.0
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
+    # handler_cancellation: a client that goes away cancels its handler, so the engine's
+    # request is closed too (vLLM and SGLang abort it) and counted cancelled. Without it
+    # (aiohttp's default) a non-streaming request ran to its end on the engine for nobody:
+    # only a streaming one noticed, at its next write.
     return web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S,
-                         lingering_time=LINGER_S, auto_decompress=False)  # fmt: skip
+                         lingering_time=LINGER_S, auto_decompress=False,
+                         handler_cancellation=True)  # fmt: skip
 
 
 async def _serve_until_signal(app: web.Application, host: str, port: int,

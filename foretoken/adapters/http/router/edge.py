@@ -34,6 +34,7 @@ from foretoken.adapters.http.router.routing import is_text
 from foretoken.settings import Settings
 
 _json = msgspec.json.Decoder()
+_NO_ID = b'"request_id":null'
 
 
 # Types that say nothing reliable of the format: raw bytes (aiohttp and other clients),
@@ -98,30 +99,38 @@ async def request_ids(
     response.headers.setdefault("x-request-id", rid)
     if anthropic_shape(request):
         response.headers.setdefault("request-id", rid)
+        body = response.body if isinstance(response, web.Response) else None
+        if isinstance(body, bytes) and _NO_ID in body:  # an error said before the id was known
+            assert isinstance(response, web.Response)
+            response.body = body.replace(_NO_ID, b'"request_id":' + msgspec.json.encode(rid), 1)
     return response
 
 
 def engine_refusal(m: Measured, anthropic: bool, request_id: str) -> web.Response:
-    """The engine refused before streaming: its status (a 5xx becomes 502) and its message,
+    """The engine refused before streaming: its status (a 5xx other than 503 becomes 502;
+    a 429 or 503 keeps the engine's ``Retry-After``) and its message,
     restated in the caller's error shape (an engine may answer TGI's ``{"error": "…"}`` or
     vLLM's top-level ``{"object": "error", …}``); its own type, param and code are kept for
     an OpenAI caller."""
-    status = m.engine_status if 400 <= m.engine_status < 500 else 502
+    status = m.engine_status if 400 <= m.engine_status < 500 or m.engine_status == 503 else 502
     message = m.error or f"engine answered {m.engine_status}"
     if status == 502:
         message = f"engine answered {m.engine_status}: {message}"
     headers = {"x-request-id": request_id}
+    retry_after = m.engine_retry_after
+    if status in (429, 503) and retry_after and len(retry_after) <= 64 and is_text(retry_after):
+        headers["retry-after"] = retry_after.strip()  # the engine's own: the SDKs wait that long
     if anthropic:
         return errors.anthropic_error(status, message, request_id, headers | {
             "request-id": request_id})  # fmt: skip
-    kind, param, code = ("api_error" if status == 502 else "invalid_request_error"), None, None
+    kind, param, code = ("api_error" if status >= 500 else "invalid_request_error"), None, None
     try:
         doc = _json.decode(m.engine_body)
     except (msgspec.DecodeError, RecursionError):
         doc = None
     err = doc.get("error") if isinstance(doc, dict) else None
     detail = err if isinstance(err, dict) else doc if isinstance(doc, dict) else {}
-    if status != 502:
+    if status < 500:
         given_kind, given_param, given_code = (detail.get(k) for k in ("type", "param", "code"))
         kind = given_kind if isinstance(given_kind, str) else kind
         param = given_param if isinstance(given_param, str) else None

@@ -5,6 +5,7 @@ content, reasoning or a tool call) marks the first token, and the usage event gi
 prompt, cached and output tokens. Only those are decoded: the router decodes events until
 the first token, then only the ones that carry ``"usage"`` or ``"error"`` (a byte search);
 every other event goes to a streaming client as the engine's bytes, several per write.
+Events end in a blank line, LF or CRLF (both are SSE).
 
 What the client gets is a :class:`Relay`: :class:`OpenAIStream` (the engine's events, plus
 ``role: "assistant"`` on the first chat event when the engine leaves it out, minus the usage
@@ -115,6 +116,8 @@ class Measured:
     engine_status: int = 200
     engine_body: bytes = b""
     engine_content_type: str = "application/json"
+    engine_retry_after: str | None = None  # an engine's own 429/503 says when to come back
+    timed_out: bool = False  # the engine was silent for router.engine_timeout_s
     done_seen: bool = False
     finish_reason: str | None = None
     last_token_s: float | None = None  # monotonic time of the latest read with content
@@ -184,12 +187,16 @@ async def forward(
             if resp.status != 200:
                 m.engine_body = await resp.content.read(ERROR_BODY_MAX_BYTES)
                 m.engine_content_type = resp.content_type
+                m.engine_retry_after = resp.headers.get("Retry-After")
                 m.status, m.error = "error", engine_error_message(resp.status, m.engine_body)
                 return m
             await relay.open()
-            buffer = b""
+            buffer, crlf = b"", False
             async for data in resp.content.iter_any():
                 buffer += data
+                if crlf or b"\r" in data:  # SSE lines may end in CRLF (a \r alone at the end
+                    crlf = True  # of a read waits there for its \n)
+                    buffer = buffer.replace(b"\r\n", b"\n")
                 if b"\n\n" not in buffer:
                     continue
                 *events, buffer = buffer.split(b"\n\n")
@@ -198,7 +205,13 @@ async def forward(
                     await relay.send(batch)
     except ClientGone:
         raise
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except TimeoutError:  # aiohttp's read and connect timeouts are TimeoutErrors too
+        m.timed_out = True
+        error = (
+            f"the engine sent nothing for {timeout.sock_read or timeout.total:g} s "
+            "(router.engine_timeout_s)"
+        )
+    except aiohttp.ClientError as exc:
         error = f"engine stream broke: {type(exc).__name__}: {exc}".rstrip(": ")
     m.done_s = time.monotonic()
     if error is None and m.error is None and not m.done_seen:

@@ -16,6 +16,7 @@ tokens
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -46,6 +47,10 @@ _LE_U32: Final = np.dtype("<u4")
 _response = msgspec.json.Decoder(RouteResponse)
 _msgpack = msgspec.msgpack.Encoder()
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no", "")
+
+
+class RequestIdConflict(Exception):
+    """The route service placed another request under this request id (its 409)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +183,16 @@ class Routing:
     # Prompt tokens and requests sent to each engine and not yet answered (the fallback).
     outstanding: dict[str, Load] = field(default_factory=dict)
     route_down_until: float = 0.0
-    # Client request ids answered 429: (first seen, attempts). A retry is a new attempt with
-    # its own grant (``<id>~<n>``), and the time since the first try counts as waited.
-    attempts: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
+    # Client request ids (``x-request-id``) → how many requests have carried each. Every
+    # request gets its own id, the client's for the first, ``<id>~<n>`` after: a retry after
+    # a 429 is a new attempt with its own grant, and a client that sends one id for every
+    # request (a fixed header) gets a grant and outcomes per request, not the first one's
+    # decision again (the route service answers a known id with its decision: the router's
+    # own failover retries one request).
+    issued: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    # Client ids answered 429 and not yet admitted: when the first was refused (the time
+    # since counts as waited).
+    attempts: OrderedDict[str, float] = field(default_factory=OrderedDict)
     fallbacks: dict[str, int] = field(default_factory=dict)
     # Called with the reason of each fallback decision (the metric; a diff of ``fallbacks``
     # around an await would count the concurrent requests' fallbacks too).
@@ -205,17 +217,20 @@ class Routing:
     def attempt(self, client_id: str | None, waited_s: float) -> tuple[RequestId, float]:
         if client_id is None:
             return RequestId(uuid.uuid4().hex), waited_s
-        seen = self.attempts.get(client_id)
-        if seen is None:
-            return RequestId(client_id), waited_s
-        first, n = seen
-        self.attempts[client_id] = (first, n + 1)
-        return RequestId(f"{client_id}~{n + 1}"), max(waited_s, time.monotonic() - first)
+        n = self.issued.pop(client_id, 0) + 1
+        self.issued[client_id] = n  # most recent last
+        if len(self.issued) > ATTEMPT_MEMORY:
+            self.issued.popitem(last=False)
+        request_id = RequestId(client_id if n == 1 else f"{client_id}~{n}")
+        first = self.attempts.get(client_id)
+        if first is None:
+            return request_id, waited_s
+        return request_id, max(waited_s, time.monotonic() - first)
 
     def rejected(self, client_id: str | None) -> None:
         if client_id is None or client_id in self.attempts:
             return
-        self.attempts[client_id] = (time.monotonic(), 1)
+        self.attempts[client_id] = time.monotonic()
         if len(self.attempts) > ATTEMPT_MEMORY:
             self.attempts.popitem(last=False)
 
@@ -236,6 +251,20 @@ class Routing:
             self.on_fallback(reason)
 
     async def decide(self, p: Placement) -> tuple[Grant, str | None]:
+        """The grant (its ``request_id`` is the request's: see ``conflict``) and the URL."""
+        try:
+            return await self._decide(p)
+        except RequestIdConflict:
+            # The id names another request the route service placed (another router
+            # process, or this one's memory of ids rolled over): the router owns the id, so
+            # this request gets a fresh one rather than the client a 409.
+            fresh = RequestId(f"{p.client_id or p.request_id}~{uuid.uuid4().hex[:12]}")
+            try:
+                return await self._decide(dataclasses.replace(p, request_id=fresh))
+            except RequestIdConflict as exc:  # not from this router: its ids are fresh
+                raise RequestError(str(exc), status=500) from exc
+
+    async def _decide(self, p: Placement) -> tuple[Grant, str | None]:
         if time.monotonic() < self.route_down_until:
             self._fell_back("circuit_open")
             return self.fallback(p)
@@ -258,11 +287,8 @@ class Routing:
                         code="context_length_exceeded", param="prompt",
                     )  # fmt: skip
                 if resp.status == 409:  # the id names another request the service placed
-                    raise RequestError(
-                        f"x-request-id {p.client_id!r} was already used for another request "
-                        "(another model or prompt); send a new id", status=409,
-                        code="request_id_reused", param="x-request-id",
-                    )  # fmt: skip
+                    raise RequestIdConflict(f"request id {p.request_id!r} was decided for "
+                                            "another request, twice")  # fmt: skip
                 reason = f"http_{resp.status}"
         except TimeoutError:
             reason = "timeout"

@@ -269,8 +269,27 @@ def test_an_engine_refusal_is_in_the_callers_shape(body: bytes, kind: str, code:
     adoc = json.loads(anthropic.body)  # type: ignore[arg-type]
     assert adoc["type"] == "error" and adoc["error"]["type"] == "invalid_request_error"
     assert anthropic.headers["request-id"] == "rid"
-    m.engine_status = 503
+    m.engine_status, m.engine_retry_after = 500, "7"
     assert engine_refusal(m, False, "rid").status == 502
+    assert "retry-after" not in engine_refusal(m, False, "rid").headers
+    m.engine_status = 503  # overloaded: kept, with the engine's Retry-After, as 429 is
+    assert engine_refusal(m, False, "rid").status == 503
+    assert engine_refusal(m, True, "rid").headers["retry-after"] == "7"
+
+
+def test_anthropic_input_tokens_are_the_uncached_ones() -> None:
+    """Anthropic's usage: input + cache_read (+ cache_creation) is the prompt. Before, the
+    cached tokens were counted in both."""
+    from foretoken.adapters.http.router.anthropic import AnthropicRelay
+
+    relay = AnthropicRelay(make_mocked_request("POST", "/v1/messages"), None, "msg_1", "m", 100)
+    hit = Measured(prompt_tokens=100, cached_tokens=64, usage_seen=True, output_tokens=3)
+    assert relay.usage(hit) == {"input_tokens": 36, "output_tokens": 3,
+                                "cache_read_input_tokens": 64}  # fmt: skip
+    relay.reports_cached = True
+    miss = Measured(prompt_tokens=100, usage_seen=True, output_tokens=3)  # vLLM omits it
+    assert relay.usage(miss) == {"input_tokens": 100, "output_tokens": 3,
+                                 "cache_read_input_tokens": 0}  # fmt: skip
 
 
 def test_anthropic_error_types_and_which_shape() -> None:
