@@ -207,9 +207,11 @@ impl Worker {
         now_s: f64,
         stats: &mut ApplyStats,
     ) {
-        // a kindless store (an offload placeholder) of a group known not to be full attention
-        // is that group's too: it credits no prefix
-        if !event.full_attention || self.nonfull_groups.contains(&event.group_idx) {
+        // a tokenless store (an offload placeholder: no kind, no tokens) of a group known not
+        // to be full attention is that group's too: it credits no prefix
+        if !event.full_attention
+            || (event.tokens.is_empty() && self.nonfull_groups.contains(&event.group_idx))
+        {
             self.nonfull_groups.insert(event.group_idx);
             stats.ignored_blocks += event.hashes.len() as u64;
             return;

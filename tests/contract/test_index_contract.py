@@ -244,6 +244,10 @@ def test_a_kindless_store_of_a_group_known_not_to_be_full_attention_is_ignored()
     assert tokens_of(index.lookup(M, prompt)[WorkerId("a")]) == {"GPU": 4}
     index.apply(batch("a", removed([1, 2]), seq=2), 0.0)
     assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+    # a store with its tokens and no kind (older engines) is still a prefix, whatever the
+    # group was said to be before (a garbled event must not blind the worker for good)
+    index.apply(batch("a", stored([1, 2], prompt, group_idx=1), seq=3), 0.0)
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 4
 
 
 def test_two_full_attention_groups_hold_two_copies() -> None:

@@ -24,15 +24,15 @@ from foretoken.core.types import BlockRemoved, BlockStored
 
 
 def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -> None:
-    # a kindless store (an offload placeholder) of a group the worker's stores showed not to
-    # be full attention is that group's too: it credits no prefix
-    if not event.full_attention or event.group_idx in worker.nonfull_groups:
+    tokens = event.tokens
+    # a tokenless store (an offload placeholder: no kind, no tokens) of a group the worker's
+    # stores showed not to be full attention is that group's too: it credits no prefix
+    if not event.full_attention or (not tokens and event.group_idx in worker.nonfull_groups):
         worker.nonfull_groups.add(event.group_idx)
         stats.ignored_blocks += len(event.block_hashes)
         return
     hashes = event.block_hashes
     tier = tier_index(event.medium)
-    tokens = event.tokens
     if not tokens:
         move(worker, hashes, tier, now_s, stats)
         return
