@@ -150,6 +150,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     # api_keys_file: one key per line (kept out of the settings file and the environment).
     api_keys: tuple[str, ...] = ()
     api_keys_file: str = ""
+    # Browser origins allowed to call the router (CORS; "*" for any); none by default.
+    cors_origins: tuple[str, ...] = ()
     # Router processes on one port (SO_REUSEPORT); each has its own connections and buffer.
     processes: int = 1
     min_queue_wait_s: float = 5.0

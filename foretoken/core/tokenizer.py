@@ -85,9 +85,12 @@ def _cut(text: str, at: int) -> int:
     return min(i, n)
 
 
-def transcript(turns: Iterable[tuple[str, str]]) -> str:
-    """(role, text) turns flattened the way a chat template would, deterministically."""
-    return "\n".join(f"<|{role}|> {text}" for role, text in turns) + "\n<|assistant|>"
+def transcript(turns: Iterable[tuple[str, str]], *, generation_prompt: bool = True) -> str:
+    """(role, text) turns flattened the way a chat template would, deterministically; with
+    the assistant's generation prompt at the end unless the last turn is to be continued
+    (vLLM's ``continue_final_message``, Anthropic's assistant prefill)."""
+    text = "\n".join(f"<|{role}|> {text}" for role, text in turns)
+    return text + "\n<|assistant|>" if generation_prompt else text
 
 
 def content_text(content: object) -> str:
@@ -102,8 +105,16 @@ def content_text(content: object) -> str:
     return str(content)
 
 
-def chat_to_text(messages: Sequence[Mapping[str, object]]) -> str:
+def chat_to_text(messages: Sequence[Mapping[str, object]], *,
+                 generation_prompt: bool = True) -> str:  # fmt: skip
     """A chat transcript from OpenAI-style message dicts (the simulated engines' template)."""
     return transcript(
-        (str(m.get("role", "user")), content_text(m.get("content"))) for m in messages
+        ((str(m.get("role", "user")), content_text(m.get("content"))) for m in messages),
+        generation_prompt=generation_prompt,
     )
+
+
+def generation_prompt(body: Mapping[str, object]) -> bool:
+    """Whether a chat body asks for the assistant's generation prompt (vLLM's and SGLang's
+    ``add_generation_prompt``, default true, and ``continue_final_message``)."""
+    return body.get("add_generation_prompt") is not False and not body.get("continue_final_message")

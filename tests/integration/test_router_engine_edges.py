@@ -39,7 +39,8 @@ def router(
     kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory, engines: Path
 ) -> Iterator[StubRouter]:
     with stub_router(kafka_settings, tmp_path_factory.mktemp("router"), engines,
-                     FORETOKEN__ROUTER__ENGINE_TIMEOUT_S=str(IDLE_S)) as r:  # fmt: skip
+                     FORETOKEN__ROUTER__ENGINE_TIMEOUT_S=str(IDLE_S),
+                     FORETOKEN__ROUTER__CORS_ORIGINS="https://ui.example") as r:  # fmt: skip
         yield r
     assert "Traceback" not in r.log_text()
 
@@ -175,3 +176,35 @@ def test_the_anthropic_surfaces_small_contracts(router: StubRouter) -> None:
     body = info.value.body
     assert isinstance(body, dict) and body["request_id"]
     assert body["request_id"] == info.value.response.headers["request-id"]
+
+
+def test_a_browser_client_gets_cors_from_an_allowed_origin_only(router: StubRouter) -> None:
+    """Web UIs call vLLM from the browser (its server allows CORS); through the router a
+    preflight was a 405. Allowed origins are configured (router.cors_origins)."""
+    preflight = urllib.request.Request(router.url + "/v1/chat/completions", method="OPTIONS",
+                                       headers={"Origin": "https://ui.example",
+                                                "Access-Control-Request-Method": "POST",
+                                                "Access-Control-Request-Headers":
+                                                    "authorization, content-type"})  # fmt: skip
+    with urllib.request.urlopen(preflight, timeout=10) as resp:
+        assert resp.status == 204
+        assert resp.headers["Access-Control-Allow-Origin"] == "https://ui.example"
+        assert "authorization" in resp.headers["Access-Control-Allow-Headers"]
+    for origin, allowed in (("https://ui.example", True), ("https://evil.example", False)):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "stream": True}
+        req = urllib.request.Request(router.url + "/v1/completions", method="POST",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Origin": origin})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as resp:  # a stream: headers go first
+            assert (resp.headers.get("Access-Control-Allow-Origin") == origin) is allowed
+            assert (
+                "x-request-id" in resp.headers.get("Access-Control-Expose-Headers", "")
+            ) is allowed
+            resp.read()
+
+
+def test_the_model_list_has_what_vllm_bench_reads(router: StubRouter) -> None:
+    """``vllm bench serve`` without --model reads ``data[0]["root"]`` (a KeyError before)."""
+    listing = json.loads(_get(router.url + "/v1/models"))
+    assert listing["data"][0]["root"] == MODEL and listing["data"][0]["parent"] is None

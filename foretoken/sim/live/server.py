@@ -36,7 +36,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from foretoken.adapters.engines.engines_file import EngineConfig
-from foretoken.core.tokenizer import SimTokenizer, chat_to_text
+from foretoken.core.tokenizer import SimTokenizer, chat_to_text, generation_prompt
 from foretoken.core.types import RequestId
 from foretoken.sim.engine import EngineModel, RequestTooLarge, StepResult
 from foretoken.sim.live.sampling import Answer, FieldError, parse_sampling, prompt_echo
@@ -232,7 +232,9 @@ def _prompt_ids(engine: SimEngine, body: dict[str, Any], chat: bool) -> list[int
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
-        return engine.tokenizer.encode(chat_to_text(messages))
+        return engine.tokenizer.encode(
+            chat_to_text(messages, generation_prompt=generation_prompt(body))
+        )
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)

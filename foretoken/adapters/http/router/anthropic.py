@@ -160,6 +160,9 @@ def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes]:
         "max_tokens": body.max_tokens, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
+    prefill = _prefill(turns)
+    if prefill:  # the engine continues the assistant's text (vLLM's and SGLang's flags)
+        upstream["continue_final_message"], upstream["add_generation_prompt"] = True, False
     for name in ("temperature", "top_p", "top_k"):
         if getattr(body, name) is not None:
             upstream[name] = getattr(body, name)
@@ -167,7 +170,19 @@ def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes]:
         upstream["stop"] = body.stop_sequences
     if body.metadata is not None and body.metadata.user_id:
         upstream["user"] = body.metadata.user_id
-    return body, transcript(turns), _encoder.encode(upstream)
+    return body, transcript(turns, generation_prompt=not prefill), _encoder.encode(upstream)
+
+
+def _prefill(turns: list[tuple[str, str]]) -> bool:
+    """Whether the last turn is the assistant's, to be continued (Anthropic's "prefill"; as
+    Anthropic's API, its text may not end in whitespace)."""
+    if not turns or turns[-1][0] != "assistant":
+        return False
+    if turns[-1][1] != turns[-1][1].rstrip():
+        where = f"messages[{len(turns) - 1 - (turns[0][0] == 'system')}].content"
+        raise RequestError("final assistant content cannot end with trailing whitespace",
+                           param=where)  # fmt: skip
+    return True
 
 
 def decode_count_tokens(raw: bytes) -> tuple[CountTokensBody, str]:
@@ -175,7 +190,8 @@ def decode_count_tokens(raw: bytes) -> tuple[CountTokensBody, str]:
         body = _count.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
-    return body, transcript(_turns(body))
+    turns = _turns(body)
+    return body, transcript(turns, generation_prompt=not _prefill(turns))
 
 
 def _stop(finish_reason: str | None, stop_reason: Any) -> tuple[str, str | None]:
@@ -194,18 +210,25 @@ class AnthropicRelay:
 
     def __init__(self, request: web.Request, response: web.StreamResponse | None,
                  message_id: str, model: str, input_tokens: int,
-                 reports_cached: bool = False) -> None:  # fmt: skip
+                 reports_cached: bool = False, credited_cached: int = 0) -> None:  # fmt: skip
         self.request, self.response, self.reports_cached = request, response, reports_cached
         self.id, self.model, self.input_tokens = message_id, model, input_tokens
+        # message_start goes out before the engine says what it had cached: the index's
+        # credit stands in (message_delta then carries the engine's count)
+        self.credited_cached = min(max(credited_cached, 0), input_tokens)
         self.text: list[str] = []
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.error: str | None = None
 
     def _message(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {"input_tokens": self.input_tokens - self.credited_cached,
+                                 "output_tokens": 0}  # fmt: skip
+        if self.reports_cached:
+            usage["cache_read_input_tokens"] = self.credited_cached
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": [], "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}  # fmt: skip
+                "usage": usage}  # fmt: skip
 
     async def open(self) -> None:
         if self.response is None:
@@ -239,6 +262,8 @@ class AnthropicRelay:
                 self.finish_reason = c.get("finish_reason") or self.finish_reason
                 if c.get("stop_reason") is not None:
                     self.stop_reason = c["stop_reason"]
+                elif isinstance(c.get("matched_stop"), str):  # SGLang's name (an int: a token)
+                    self.stop_reason = c["matched_stop"]
         if parts and self.response is not None:
             await write(self.response, b"".join(parts))
 

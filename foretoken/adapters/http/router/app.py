@@ -363,8 +363,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
     grant, url, p = routed
     response = (EventStream(headers={**SSE_HEADERS, "request-id": p.request_id})
                 if body.stream else None)  # fmt: skip
+    reports = state.reports_cached(grant)
     relay = anthropic.AnthropicRelay(request, response, f"msg_{p.request_id}", body.model,
-                                     len(tokens), state.reports_cached(grant))  # fmt: skip
+                                     len(tokens), reports,
+                                     grant.cached_tokens if reports else 0)  # fmt: skip
     m = await relay_to_engine(state, request, p, grant, url + "/v1/chat/completions", upstream,
                               relay, arrived)  # fmt: skip
     if m is None:  # the client went away mid-stream
@@ -398,8 +400,9 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 def _model(model_id: str) -> dict[str, Any]:
     # The fields of both SDKs' model objects (OpenAI's Model, Anthropic's ModelInfo).
+    # ``root``/``parent`` as vLLM's own /v1/models (``vllm bench serve`` reads ``root``).
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "foretoken",
-            "type": "model", "display_name": model_id,
+            "root": model_id, "parent": None, "type": "model", "display_name": model_id,
             "created_at": "1970-01-01T00:00:00Z"}  # fmt: skip
 
 
@@ -465,6 +468,8 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
     state = RouterState(settings, {e.worker_id: e for e in engines},
                         Publisher(settings, cfg.publish_buffer), tokenizers=tokenizers)  # fmt: skip
     app[STATE] = state
+    if cfg.cors_origins:
+        edge.cors(app, cfg.cors_origins)
 
     async def on_startup(app: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, ttl_dns_cache=300)

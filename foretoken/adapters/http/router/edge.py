@@ -34,6 +34,7 @@ from foretoken.adapters.http.router.routing import is_text
 from foretoken.settings import Settings
 
 _json = msgspec.json.Decoder()
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _NO_ID = b'"request_id":null'
 
 
@@ -104,6 +105,46 @@ async def request_ids(
             assert isinstance(response, web.Response)
             response.body = body.replace(_NO_ID, b'"request_id":' + msgspec.json.encode(rid), 1)
     return response
+
+
+_CORS_EXPOSED = "x-request-id, request-id, retry-after, retry-after-ms, x-should-retry"
+
+
+def cors(app: web.Application, origins: tuple[str, ...]) -> None:
+    """CORS for browser clients (``router.cors_origins``; ``*`` for any): a preflight
+    ``OPTIONS`` is answered 204 before routing and authentication (it carries no key), and
+    every answer to an allowed origin — streams too, before their headers go — says so and
+    exposes the ids and retry headers."""
+    allowed = frozenset(origins)
+
+    def allow(request: web.Request) -> str | None:
+        origin = request.headers.get("Origin")
+        if origin is None or not ("*" in allowed or origin in allowed):
+            return None
+        return "*" if "*" in allowed else origin
+
+    @web.middleware
+    async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = allow(request)
+        if (origin is None or request.method != "OPTIONS"
+                or "Access-Control-Request-Method" not in request.headers):  # fmt: skip
+            return await handler(request)
+        asked = request.headers.get("Access-Control-Request-Headers", "")
+        return web.Response(status=204, headers={
+            "Access-Control-Allow-Origin": origin, "Vary": "Origin",
+            "Access-Control-Allow-Methods": "GET, HEAD, POST, OPTIONS",
+            "Access-Control-Allow-Headers": asked if is_text(asked) else "",
+            "Access-Control-Max-Age": "600"})  # fmt: skip
+
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        origin = allow(request)
+        if origin is not None:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSED
+            response.headers["Vary"] = "Origin"
+
+    app.middlewares.insert(0, preflight)
+    app.on_response_prepare.append(on_prepare)
 
 
 def engine_refusal(m: Measured, anthropic: bool, request_id: str) -> web.Response:

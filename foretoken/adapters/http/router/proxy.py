@@ -441,7 +441,13 @@ class Collected:
                     if key not in _DELTA_KEYS and isinstance(value, str):
                         a.delta_text[key] = a.delta_text.get(key, "") + value
             for key, value in c.items():
-                if key not in _CHOICE_KEYS and value is not None:
+                if key in _CHOICE_KEYS or value is None:
+                    continue
+                if key == "token_ids" and isinstance(value, list):  # vLLM: a piece per event
+                    a.other.setdefault(key, []).extend(value)
+                elif key == "prompt_token_ids":
+                    a.other.setdefault(key, value)  # said once, with the first event
+                else:
                     a.other[key] = value
             if c.get("finish_reason"):
                 a.finish_reason = c["finish_reason"]

@@ -71,6 +71,7 @@ class _Common(msgspec.Struct, kw_only=True):
     n: Annotated[int, Meta(ge=1, le=128)] | None = 1
     best_of: Count | None = None
     use_beam_search: bool | None = False
+    prompt_logprobs: Any = None  # vLLM's (read to refuse it unstreamed; forwarded as sent)
     # foretoken's own (never forwarded)
     max_queue_wait_s: float | None = None
     already_waited_s: float | None = None
@@ -82,6 +83,8 @@ class _Common(msgspec.Struct, kw_only=True):
 class CompletionBody(_Common, kw_only=True):
     prompt: str | list[str | TokenId | list[TokenId]]
     echo: bool | None = False
+    # 0 only with echo (vLLM: score the prompt, generate nothing)
+    max_tokens: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -97,6 +100,10 @@ class ChatMessage(msgspec.Struct, kw_only=True):
 class ChatBody(_Common, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: Count | None = None
+    # vLLM's and SGLang's: whether the transcript ends with the assistant's prompt (read to
+    # tokenize what the engine will prefill; forwarded as sent)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
 
 
 Body = CompletionBody | ChatBody
@@ -153,7 +160,8 @@ class Decoded:
     @property
     def max_output_tokens(self) -> int | None:
         b = self.body
-        return b.max_completion_tokens or b.max_tokens if isinstance(b, ChatBody) else b.max_tokens
+        out = b.max_completion_tokens or b.max_tokens if isinstance(b, ChatBody) else b.max_tokens
+        return out or None  # 0 (an echo that scores the prompt): the router's default length
 
 
 def decode_openai(raw: bytes, chat: bool, max_output_tokens: int) -> Decoded:
@@ -183,6 +191,15 @@ def _check_common(body: Body, max_output_tokens: int) -> None:
             "use_beam_search is not supported by this router: it streams every answer from the "
             "engine (to measure the first token), and beam search cannot stream",
             param="use_beam_search",
+        )  # fmt: skip
+    if isinstance(body, CompletionBody) and body.max_tokens == 0 and not body.echo:
+        raise RequestError("max_tokens must be at least 1 (0 only with echo: true)",
+                           param="max_tokens")  # fmt: skip
+    if not body.stream and body.prompt_logprobs is not None:
+        raise RequestError(
+            "prompt_logprobs without stream is not supported by this router: it streams every "
+            "answer from the engine (to measure the first token), and the engines give prompt "
+            "logprobs only to a request that does not stream", param="prompt_logprobs",
         )  # fmt: skip
     if body.best_of is not None and body.best_of != (body.n or 1):
         raise RequestError(
@@ -233,7 +250,9 @@ def _chat_text(body: ChatBody) -> str:
                 raise RequestError(f"{where} is required (a text part's text)", param=where)
         return "".join(p.text or "" for p in content)
 
-    return transcript((m.role, text(i, m.content)) for i, m in enumerate(body.messages))
+    prompt = body.add_generation_prompt is not False and not body.continue_final_message
+    return transcript(((m.role, text(i, m.content)) for i, m in enumerate(body.messages)),
+                      generation_prompt=prompt)  # fmt: skip
 
 
 def upstream_body(fields: dict[str, msgspec.Raw],

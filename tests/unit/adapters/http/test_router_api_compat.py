@@ -354,3 +354,90 @@ def test_only_events_with_output_count_as_tokens() -> None:
     m, firsts = Measured(), list[float]()
     _scan([event(b) for b in chat] + [b"data: [DONE]\n\n"], m, firsts.append)
     assert m.chunks == 3 and len(firsts) == 1 and m.done_seen
+
+
+def test_an_anthropic_assistant_prefill_is_continued_not_a_new_turn() -> None:
+    """Anthropic continues a final assistant message; the engines need vLLM's flags for it
+    (before, the model started a new turn after the prefill), and the router tokenizes what
+    the engine prefills: no assistant prompt after the prefill."""
+    turns = [{"role": "user", "content": "json?"}, {"role": "assistant", "content": '{"a":'}]
+    raw = msgspec.json.encode({"model": "m", "max_tokens": 5, "messages": turns})
+    _, text, upstream = decode_messages(raw)
+    doc = json.loads(upstream)
+    assert doc["continue_final_message"] is True and doc["add_generation_prompt"] is False
+    assert text.endswith('<|assistant|> {"a":')
+    assert decode_count_tokens(msgspec.json.encode({"model": "m", "messages": turns}))[1] == text
+    plain = msgspec.json.encode({"model": "m", "max_tokens": 5, "messages": turns[:1]})
+    _, text, upstream = decode_messages(plain)
+    assert "continue_final_message" not in json.loads(upstream)
+    assert text.endswith("<|assistant|>")
+    spaced = [turns[0], {"role": "assistant", "content": "Sure, "}]
+    with pytest.raises(RequestError, match="trailing whitespace") as info:
+        decode_messages(msgspec.json.encode({"model": "m", "max_tokens": 5, "messages": spaced}))
+    assert info.value.param == "messages[1].content"
+
+
+def test_an_openai_chat_that_continues_its_last_message_is_tokenized_as_prefilled() -> None:
+    turns = [*USER, {"role": "assistant", "content": "Once"}]
+    d = decode_openai(_chat(messages=turns, continue_final_message=True,
+                            add_generation_prompt=False), chat=True,
+                      max_output_tokens=LIMIT)  # fmt: skip
+    assert d.text is not None and d.text.endswith("<|assistant|> Once")
+    assert json.loads(d.upstream)["continue_final_message"] is True  # as sent
+    assert decode_openai(_chat(), chat=True, max_output_tokens=LIMIT).text.endswith(  # type: ignore[union-attr]
+        "<|assistant|>"
+    )
+
+
+def test_max_tokens_zero_scores_the_prompt_with_echo_only() -> None:
+    body = {"model": "m", "prompt": "score me", "max_tokens": 0}
+    with pytest.raises(RequestError, match="0 only with echo"):
+        decode_openai(msgspec.json.encode(body), chat=False, max_output_tokens=LIMIT)
+    d = decode_openai(msgspec.json.encode(body | {"echo": True, "logprobs": 1}), chat=False,
+                      max_output_tokens=LIMIT)  # fmt: skip
+    assert d.max_output_tokens is None and json.loads(d.upstream)["max_tokens"] == 0
+
+
+def test_prompt_logprobs_unstreamed_is_refused_by_the_router_itself() -> None:
+    """The router streams from the engine; vLLM refuses prompt_logprobs on a stream with a
+    message about stream=True that the client never sent."""
+    body = {"model": "m", "prompt": "hi", "prompt_logprobs": 1}
+    with pytest.raises(RequestError, match="prompt_logprobs without stream") as info:
+        decode_openai(msgspec.json.encode(body), chat=False, max_output_tokens=LIMIT)
+    assert info.value.param == "prompt_logprobs"
+    streamed = decode_openai(msgspec.json.encode(body | {"stream": True}), chat=False,
+                             max_output_tokens=LIMIT)  # fmt: skip
+    assert json.loads(streamed.upstream)["prompt_logprobs"] == 1
+
+
+def test_an_assembled_answer_keeps_every_token_id() -> None:
+    """vLLM's return_token_ids streams a piece per event; the assembled answer kept only the
+    last piece (an empty list from the finish event)."""
+    collected = Collected(chat=False)
+    pieces = [{"index": 0, "text": "a", "token_ids": [100], "prompt_token_ids": [1, 2]},
+              {"index": 0, "text": "b", "token_ids": [101, 102]},
+              {"index": 0, "text": "", "token_ids": [], "finish_reason": "length"}]  # fmt: skip
+    for piece in pieces:
+        collected._add({"choices": [piece]})
+    choice = collected.answer("m", "r")["choices"][0]
+    assert choice["token_ids"] == [100, 101, 102] and choice["prompt_token_ids"] == [1, 2]
+    assert choice["text"] == "ab"
+
+
+@pytest.mark.parametrize(("field", "value", "stop"), [
+    ("stop_reason", "END", ("stop_sequence", "END")),  # vLLM
+    ("matched_stop", "END", ("stop_sequence", "END")),  # SGLang
+    ("matched_stop", 2, ("end_turn", None)),  # SGLang: a stop token (EOS)
+])  # fmt: skip
+def test_anthropic_stop_sequence_from_either_engine(field: str, value: Any,
+                                                    stop: tuple[str, Any]) -> None:  # fmt: skip
+    import asyncio
+
+    from foretoken.adapters.http.router.anthropic import AnthropicRelay
+
+    relay = AnthropicRelay(make_mocked_request("POST", "/v1/messages"), None, "msg_1", "m", 10)
+    event = {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop",
+                          field: value}]}  # fmt: skip
+    asyncio.run(relay.send([(msgspec.json.encode(event), None)]))
+    answer = relay.answer(Measured(prompt_tokens=10, output_tokens=1, usage_seen=True))
+    assert (answer["stop_reason"], answer["stop_sequence"]) == stop
