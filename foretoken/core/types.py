@@ -100,6 +100,34 @@ def check_ts(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a unix time before 2100, got {value}")
 
 
+MAX_ID_CHARS: Final = 1024  # request, worker and model ids, classes, conversations
+MAX_ERROR_CHARS: Final = 8192
+MAX_COUNT: Final = 1 << 40  # token counts of one request or queue: far past any engine's
+MAX_OUTPUT_TOKENS: Final = (1 << 31) - 1
+
+
+# A prediction's parts: a queue of a million requests is a long wait, not an overflow.
+MAX_PREDICTED_S: Final = 1e8
+PART_SLACK_S: Final = 1.0  # a part a rounding below 0 is still a part
+
+
+def check_part(name: str, value: float | None) -> None:
+    """A prediction's part (queue wait, own prefill): finite, about >= 0, not astronomic."""
+    check_finite(name, value, minimum=-PART_SLACK_S)
+    if value is not None and value > MAX_PREDICTED_S:
+        raise ValueError(f"{name} must be at most {MAX_PREDICTED_S:g} s, got {value}")
+
+
+def check_len(name: str, value: str | None, limit: int = MAX_ID_CHARS) -> None:
+    if value is not None and len(value) > limit:
+        raise ValueError(f"{name} must be at most {limit} characters, got {len(value)}")
+
+
+def check_count(name: str, value: int | None, limit: int = MAX_COUNT) -> None:
+    if value is not None and not 0 <= value <= limit:
+        raise ValueError(f"{name} must be within 0..{limit}, got {value}")
+
+
 def check_finite(name: str, value: float | None, *, minimum: float | None = 0.0) -> None:
     """A value that must be finite (and at least ``minimum``) when given."""
     if value is None:
@@ -389,10 +417,22 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True, gc=False):
             raise ValueError("an admitted grant names its worker")
         if self.expected_output_tokens is not None and self.expected_output_tokens < 1:
             raise ValueError("expected_output_tokens must be >= 1")
-        check_finite("predicted_ttft_s", self.predicted_ttft_s)
-        check_finite("predicted_ttft_p90_s", self.predicted_ttft_p90_s)
-        check_finite("retry_after_s", self.retry_after_s)
-        check_finite("max_queue_wait_s", self.max_queue_wait_s)
+        check_count("expected_output_tokens", self.expected_output_tokens, MAX_OUTPUT_TOKENS)
+        for name in ("request_id", "model", "workload_class", "worker_id", "conversation_id",
+                     "rerouted_from"):  # fmt: skip
+            check_len(name, getattr(self, name))
+        check_count("cached_tokens", self.cached_tokens, MAX_PROMPT_TOKENS)
+        check_count("queue_tokens_ahead", self.queue_tokens_ahead)
+        for name in ("predicted_ttft_s", "predicted_ttft_p90_s", "retry_after_s",
+                     "max_queue_wait_s", "already_waited_s"):  # fmt: skip
+            check_finite(name, getattr(self, name))
+        check_part("queue_wait_s", self.queue_wait_s)
+        check_part("prefill_s", self.prefill_s)
+        if self.already_waited_s > MAX_DURATION_S:
+            raise ValueError(f"already_waited_s must be at most {MAX_DURATION_S:g} s")
+        if self.fit is not None:
+            check_finite("fit.a", self.fit.a, minimum=None)
+            check_finite("fit.b", self.fit.b, minimum=None)
 
 
 # --------------------------------------------------------------------------- outcomes
@@ -418,16 +458,29 @@ class RequestOutcome(msgspec.Struct, kw_only=True, frozen=True, gc=False):
 
     def __post_init__(self) -> None:
         check_ts("ts", self.ts)
-        for name in ("actual_ttft_s", "e2e_s"):
+        check_len("request_id", self.request_id)
+        check_len("worker_id", self.worker_id)
+        check_len("error", self.error, MAX_ERROR_CHARS)
+        check_count("engine_cached_tokens", self.engine_cached_tokens)
+        check_count("output_tokens", self.output_tokens)
+        for name in ("actual_ttft_s", "e2e_s", "decode_step_s"):
             value = getattr(self, name)
             check_finite(name, value)
             if value is not None and value > MAX_DURATION_S:
                 raise ValueError(f"{name} must be at most {MAX_DURATION_S:g} s, got {value}")
-        check_finite("decode_step_s", self.decode_step_s)
         if self.kind == "first_token" and self.status == "ok" and self.actual_ttft_s is None:
             raise ValueError("a first_token outcome carries actual_ttft_s")
 
 
+_GRADED_COUNTS: Final = (
+    "prompt_tokens",
+    "credited_cached_tokens",
+    "engine_cached_tokens",
+    "block_size",
+    "output_tokens",
+    "fit_samples",
+    "queue_tokens_ahead",
+)
 GradedStatus = Literal["served", "rejected", "error", "cancelled", "missing_outcome"]
 
 
@@ -467,6 +520,23 @@ class GradedRequest(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     queue_tokens_ahead: int = 0
     approximate_cache: bool = False
     cache_source: CacheSource = CacheSource.EVENTS
+
+    def __post_init__(self) -> None:
+        """A graded record comes from validated records, but the ``graded`` topic is read
+        by the lake sink too: a stranger's record must not reach Parquet with a time polars
+        cannot place or a NaN that skews the views' grades."""
+        check_ts("ts", self.ts)
+        for name in ("request_id", "model", "workload_class", "worker_id"):
+            check_len(name, getattr(self, name))
+        for name in ("predicted_ttft_s", "predicted_ttft_p90_s", "actual_ttft_s",
+                     "max_queue_wait_s", "already_waited_s", "retry_after_s", "e2e_s"):  # fmt: skip
+            check_finite(name, getattr(self, name))
+        check_part("queue_wait_s", self.queue_wait_s)
+        check_part("prefill_s", self.prefill_s)
+        for name in ("error_s", "fit_a", "fit_b"):
+            check_finite(name, getattr(self, name), minimum=None)
+        for name in _GRADED_COUNTS:
+            check_count(name, getattr(self, name))
 
 
 # --------------------------------------------------------------------------- controls

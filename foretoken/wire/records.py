@@ -131,6 +131,7 @@ class Graded(GradedRequest, kw_only=True, frozen=True):
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version)
+        super().__post_init__()
 
 
 class ControlEvent(ControlChange, kw_only=True, frozen=True):

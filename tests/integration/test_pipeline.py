@@ -175,3 +175,52 @@ def test_the_started_worker_freezes_its_heap(faust_worker: RunningWorker) -> Non
     collector's full passes (foretoken/adapters/heap.py): its stats say how much."""
     _wait_for(f"{faust_worker.url}/v1/stats",
               lambda s: s["memory"]["gc_frozen_objects"] > 10_000)  # fmt: skip
+
+
+def test_a_record_too_big_to_dead_letter_whole_is_cut_and_the_agent_goes_on(
+    faust_worker: RunningWorker,
+) -> None:
+    """Before: the dead letter carried the whole ~950 kB record, Faust's producer (its own
+    1,000,000-byte limit) refused it, and the grants agent died with the record unlogged."""
+    before = get_json(f"{faust_worker.url}/v1/stats")["consumed"].get("grants", 0)
+    huge = b"\x00" + b"x" * 950_000
+
+    async def send() -> None:
+        async with RecordProducer(faust_worker.settings) as producer:
+            await producer.send_raw("grants", huge, key=b"huge")
+            for logical, record in sample_records(2, f"after-{uuid.uuid4().hex[:6]}"):
+                if logical == "grants":
+                    await producer.send(logical, record)
+            await producer.flush()
+
+    asyncio.run(send())
+    stats = _wait_for(f"{faust_worker.url}/v1/stats",
+                      lambda s: s["consumed"].get("grants", 0) > before)  # fmt: skip
+    assert stats["dead_letter_failures"] == 0
+    letters = asyncio.run(_dead_letters_keyed(faust_worker, b"huge"))
+    assert len(letters) == 1
+    assert letters[0].payload_size == len(huge) and 0 < len(letters[0].payload) < len(huge)
+    assert get_json(f"{faust_worker.url}/healthz")["status"] == "ok"
+
+
+async def _dead_letters_keyed(worker: RunningWorker, key: bytes) -> list[DeadLetter]:
+    """The dead letters under ``key``, once one is there (all of the topic read so far)."""
+    consumer = AIOKafkaConsumer(
+        worker.settings.topic("dead_letter"),
+        bootstrap_servers=worker.settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest", group_id=f"test-dl-{uuid.uuid4().hex[:6]}",
+        fetch_max_bytes=8 << 20, max_partition_fetch_bytes=4 << 20,
+    )  # fmt: skip
+    await consumer.start()
+    out: list[DeadLetter] = []
+    try:
+        deadline = time.monotonic() + CONSUME_TIMEOUT_S
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=1000)
+            for messages in batch.values():
+                out.extend(dl for m in messages if (dl := decode(m.value, DeadLetter)).key == key)
+            if out and not batch:
+                break
+    finally:
+        await consumer.stop()
+    return out

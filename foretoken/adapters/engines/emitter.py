@@ -21,13 +21,12 @@ from typing import Any
 
 from foretoken.adapters.engines.health import EngineHealth
 from foretoken.adapters.engines.split import Records, encode_records
-from foretoken.adapters.kafka.producer import RecordProducer
+from foretoken.adapters.kafka.producer import RecordProducer, fitted_dead_letter
 from foretoken.settings import Settings
 from foretoken.wire.codec import encode
 from foretoken.wire.records import DeadLetter, IndexReset, KvEventBatch, Record
 
 log = logging.getLogger(__name__)
-MAX_REASON_CHARS = 2000
 # Bytes per encoded event, estimated: decides whether encoding runs off the event loop.
 BYTES_PER_HASH, BYTES_PER_TOKEN, BYTES_PER_EVENT = 21, 11, 200
 BYTES_PER_PACKED_BYTE = 2  # base64 in JSON: 4/3, rounded up
@@ -45,25 +44,9 @@ def estimated_size(batch: KvEventBatch) -> int:
 def dead_letter_value(
     source: str, reason: str, payload: bytes, limit: int, settings: Settings
 ) -> bytes | None:
-    """An encoded dead letter within ``limit`` bytes: the reason and as much of the payload
-    as fits (base64 in JSON takes 4/3); None if not even an empty one fits."""
-    reason = reason[:MAX_REASON_CHARS]
-    ratio = 4 / 3 if settings.wire_format == "json" else 1.0
-    keep = min(len(payload), int((limit - 4096 - len(reason) * 6) / ratio))
-    while True:
-        keep = max(0, keep)
-        letter = DeadLetter(
-            source=source, reason=reason, ts=time.time(), payload=payload[:keep],
-            payload_size=len(payload) if keep < len(payload) else None,
-        )  # fmt: skip
-        value = encode(letter, settings.wire_format)
-        if len(value) <= limit:
-            return value
-        if keep == 0:
-            if len(reason) <= 64:
-                return None
-            reason = reason[:64]
-        keep //= 2
+    """An encoded dead letter within ``limit`` bytes (:func:`fitted_dead_letter`)."""
+    letter = DeadLetter(source=source, reason=reason, ts=time.time(), payload=payload)
+    return fitted_dead_letter(letter, limit, settings.wire_format)
 
 
 class KvEmitter:

@@ -33,7 +33,7 @@ from foretoken.adapters.kafka.lake_sink import add_lake_sink
 from foretoken.adapters.kafka.members import follow_members
 from foretoken.adapters.kafka.pages import add_pages
 from foretoken.adapters.kafka.processor import ProcessorState
-from foretoken.adapters.kafka.producer import record_key
+from foretoken.adapters.kafka.producer import fitted_dead_letter, record_key
 from foretoken.adapters.kafka.replica import Rebalancer
 from foretoken.adapters.kafka.transport import FAUST_FETCH, BatchedFetchTransport
 from foretoken.settings import Settings
@@ -90,6 +90,8 @@ def create_app(
         # On stop, commit what is acked and no more: the acks held for the grading join
         # and the lake sink (join_acks.py, lake_sink.py) are simply read again next time.
         stream_wait_empty=False,
+        # Faust's own default is 1,000,000: a record the topics take was refused here
+        producer_max_request_size=settings.kafka.max_request_bytes,
     )
     app.rebalancer = Rebalancer(state)
     app.fetch_options = (settings.kafka.fetch_min_bytes, settings.kafka.fetch_max_wait_ms)
@@ -234,19 +236,48 @@ def _event_handlers(
         )
 
     async def after(event: Any, result: Consumed) -> None:
+        dl = result.dead_letter
         for out_logical, out in result.emit:
-            await _emit(outputs, out_logical, out, wire_format, partitions)
-        if result.dead_letter is None:
+            try:
+                await _emit(outputs, out_logical, out, wire_format, partitions)
+            except Exception as exc:  # e.g. a record too big for the topic: say so, go on
+                reason = f"could not emit {out_logical}: {type(exc).__name__}: {exc}"
+                dl = dl or _letter_of(name, event, reason)
+        if dl is None:
             state.metrics.consumed.labels(logical).inc()
             return
-        dl = result.dead_letter
         state.metrics.dead_lettered.labels(logical, reason_kind(dl.reason)).inc()
         if not state.grading:  # the primary dead-letters it; a replica only counts it
             return
-        log.warning("dead-letter from %s@%s: %s", name, event.message.offset, dl.reason)
-        await outputs["dead_letter"].send(key=name.encode(), value=encode(dl, wire_format))
+        log.warning("dead-letter from %s@%s: %s", name, event.message.offset, dl.reason[:500])
+        await _send_dead_letter(state, outputs, name, dl)
 
     return dispatch, after
+
+
+def _letter_of(source: str, event: Any, reason: str) -> DeadLetter:
+    message = event.message
+    return DeadLetter(source=source, reason=reason, ts=time.time(), partition=message.partition,
+                      offset=message.offset, key=message.key,
+                      payload=event.value or b"")  # fmt: skip
+
+
+async def _send_dead_letter(state: ProcessorState, outputs: dict[str, Any], source: str,
+                            letter: DeadLetter) -> None:  # fmt: skip
+    """Send ``letter`` cut to fit a record (its payload's first bytes and its size: a dead
+    letter with a whole oversized record was refused, and the agent sending it died); a
+    send that still fails is logged and counted, never raised into the agent."""
+    settings = state.settings
+    limit = min(settings.kafka.max_request_bytes, settings.ingest.max_record_bytes)
+    value = fitted_dead_letter(letter, limit, settings.wire_format)
+    try:
+        if value is None:
+            raise ValueError("not even an empty dead letter fits kafka.max_request_bytes")
+        await outputs["dead_letter"].send(key=source.encode(), value=value)
+    except Exception as exc:
+        state.dead_letter_failures += 1
+        log.error("could not dead-letter a record of %s@%s (%s: %s): %s", source,
+                  letter.offset, type(exc).__name__, exc, letter.reason[:500])  # fmt: skip
 
 
 def _sharded_partitions(state: ProcessorState) -> int | None:
@@ -258,16 +289,9 @@ def _dead_letter_of(state: ProcessorState, outputs: dict[str, Any]) -> Any:
 
     async def dead_letter(event: Any, reason: str) -> None:
         name = state.settings.topic("graded")
-        message = event.message
-        dl = DeadLetter(
-            source=name, reason=reason, ts=time.time(), partition=message.partition,
-            offset=message.offset, key=message.key, payload=event.value or b"",
-        )  # fmt: skip
         state.metrics.dead_lettered.labels("graded", reason_kind(reason)).inc()
-        log.warning("dead-letter from %s@%s: %s", name, message.offset, reason)
-        await outputs["dead_letter"].send(
-            key=name.encode(), value=encode(dl, state.settings.wire_format)
-        )
+        log.warning("dead-letter from %s@%s: %s", name, event.message.offset, reason[:500])
+        await _send_dead_letter(state, outputs, name, _letter_of(name, event, reason))
 
     return dead_letter
 

@@ -22,7 +22,7 @@ import gc
 import os
 import time
 from collections import deque
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -55,6 +55,9 @@ from foretoken.wire.route_rpc import RouteRequest
 
 LAG_TOPICS = ("workers", "kv_events", "grants", "outcomes", "graded")
 STALENESS_MEMORY = 4096  # recent staleness samples kept for /v1/stats percentiles
+# Clocks of the router, the engines and this process may differ by this much.
+MAX_CLOCK_AHEAD_S = 5.0
+R = TypeVar("R", KvEventBatch, Grant, Outcome)
 
 
 class ProcessorState:
@@ -81,6 +84,8 @@ class ProcessorState:
         self.outcome_delay: deque[tuple[float, float]] = deque(maxlen=STALENESS_MEMORY)
         self.routes_answered = 0
         self.forwarded = 0
+        self.future_ts = 0  # records stamped ahead of this clock (clamped: _not_ahead)
+        self.dead_letter_failures = 0  # dead letters the broker would not take (logged)
         approx = approx_config(settings)
         self.index = index or IndexKeeper(
             settings.topic("kv_events"), None, approx=approx, config=settings.index
@@ -122,14 +127,26 @@ class ProcessorState:
             self.registrations[record.worker_id] = record
         self.core.register(record, index=False)  # the index keeper files it in the index
 
+    def _not_ahead(self, record: R, now: float) -> R:
+        """A record's time no later than ``now`` + MAX_CLOCK_AHEAD_S: one stamped in the
+        future (a broken clock, or a stranger's record) would otherwise hold its queue entry
+        — and every prediction on that worker — until the clock caught up (a day ahead: a
+        day of 86,400-s predictions). Clamped to now and counted."""
+        if record.ts <= now + MAX_CLOCK_AHEAD_S:
+            return record
+        self.future_ts += 1
+        return msgspec.structs.replace(record, ts=now)
+
     def on_kv(self, record: Record, pos: Position) -> None:
         """After the index: a lone prompt's stores time its prefill (core.routing.kv_progress)."""
         assert isinstance(record, KvEventBatch)
-        self.core.service.on_kv_batch(record, time.time())
+        now = time.time()
+        self.core.service.on_kv_batch(self._not_ahead(record, now), now)
 
     def on_grant(self, record: Record, pos: Position) -> list[tuple[str, Record]]:
         assert isinstance(record, Grant)
         now = time.time()
+        record = self._not_ahead(record, now)
         if (not record.fallback and self.lag.caught_up_at is not None
                 and record.request_id not in self.core.service.decisions):  # fmt: skip
             # decided elsewhere: how long it took to reach our queue model
@@ -143,6 +160,7 @@ class ProcessorState:
     def on_outcome(self, record: Record, pos: Position) -> list[tuple[str, Record]]:
         assert isinstance(record, Outcome)
         now = time.time()
+        record = self._not_ahead(record, now)
         if self.lag.caught_up_at is not None:
             delay = max(0.0, now - record.ts)
             self.outcome_delay.append((now, delay))
@@ -264,6 +282,10 @@ class ProcessorState:
             "share_moves": service.decider.share_moves,
             "overruled_decisions": service.overruled,
             "grants_for_unknown_workers": service.unknown_worker_grants,
+            "failed_predictions": service.predictions.failures,
+            "last_failed_prediction": dict(service.predictions.last_failure),
+            "future_ts_clamped": self.future_ts,
+            "dead_letter_failures": self.dead_letter_failures,
             "kv_step_samples": service.learner.kv_steps.samples,
             "queue_view_staleness_s": self.staleness_since(0.0),
             "outcome_delay_s": _percentiles([v for _, v in self.outcome_delay]),

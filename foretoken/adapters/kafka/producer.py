@@ -10,15 +10,18 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+import msgspec
 from aiokafka import AIOKafkaProducer
 
 from foretoken.settings import Settings
 from foretoken.wire.codec import encode
 from foretoken.wire.partitioning import SHARDED_TOPICS, model_partition
-from foretoken.wire.records import RECORD_TYPES, Record
+from foretoken.wire.records import RECORD_TYPES, DeadLetter, Record, WireFormat
 
 log = logging.getLogger(__name__)
 LINGER_MS = 5
+MAX_REASON_CHARS = 2000
+MAX_KEY_BYTES = 1024
 # Request id -> model of the grants a producer sent, for their outcomes (which name no
 # model); a worker's model is remembered too, for outcomes past this memory.
 REQUEST_MODEL_MEMORY = 100_000
@@ -142,3 +145,30 @@ class RecordProducer:
 
     async def flush(self) -> None:
         await self._producer.flush()
+
+
+def fitted_dead_letter(letter: DeadLetter, limit: int, wire_format: WireFormat) -> bytes | None:
+    """``letter`` encoded within ``limit`` bytes (``kafka.max_request_bytes``): its reason,
+    key and as much of its payload as fit (base64 in JSON takes 4/3), the payload's size
+    said when cut; None if not even an empty one fits. A dead letter carrying a whole
+    oversized record was itself too big to send, and the agent that sent it died."""
+    reason = letter.reason[:MAX_REASON_CHARS]
+    key = None if letter.key is None else letter.key[:MAX_KEY_BYTES]
+    payload = letter.payload
+    ratio = 4 / 3 if wire_format == "json" else 1.0
+    keep = min(len(payload), int((limit - 4096 - len(reason) * 6 - 2 * len(key or b"")) / ratio))
+    while True:
+        keep = max(0, keep)
+        cut = keep < len(payload)
+        fitted = msgspec.structs.replace(
+            letter, reason=reason, key=key, payload=payload[:keep],
+            payload_size=len(payload) if cut else letter.payload_size,
+        )  # fmt: skip
+        value = encode(fitted, wire_format)
+        if len(value) <= limit:
+            return value
+        if keep == 0:
+            if len(reason) <= 64:
+                return None
+            reason = reason[:64]
+        keep //= 2

@@ -39,6 +39,7 @@ from foretoken.core.routing.controls import LatencyControls
 from foretoken.core.routing.fleet import WorkerBook
 from foretoken.core.routing.predict import Candidate
 from foretoken.core.types import (
+    MAX_PREDICTED_S,
     CacheSource,
     CandidatePrediction,
     RejectReason,
@@ -277,7 +278,8 @@ def decision(
         retry_after_s=None if retry_after_s is None else round(retry_after_s, 3),
         predicted_ttft_s=p.predicted_ttft_s if p else None,
         predicted_ttft_p90_s=None if p is None or p90_s is None else round(p90_s, 4),
-        queue_wait_s=p.queue_wait_s if p else None, prefill_s=p.prefill_s if p else None,
+        queue_wait_s=_part(p.queue_wait_s) if p else None,
+        prefill_s=_part(p.prefill_s) if p else None,
         cached_tokens=p.cached_tokens if p else 0, cached_tier=p.cached_tier if p else None,
         approximate_cache=p.approximate_cache if p else False,
         cache_source=p.cache_source if p else CacheSource.EVENTS,
@@ -286,3 +288,9 @@ def decision(
         explore=explore, fallback=fallback, conversation_id=query.conversation_id,
         expected_output_tokens=query.expected_output_tokens, candidates=candidates,
     )  # fmt: skip
+
+
+def _part(seconds: float) -> float:
+    """A prediction's part as a decision may carry it (a poisoned queue model's astronomic
+    wait must not make the decision itself invalid: the route call would fail)."""
+    return min(max(seconds, 0.0), MAX_PREDICTED_S)

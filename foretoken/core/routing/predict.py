@@ -154,6 +154,10 @@ class Predictions:
         self.sent = SentPrefixes(native=index.backend == "native")
         # per worker: the step cost built for its current (curve, step) fit values
         self._costs: dict[WorkerId, tuple[PrefillCurve, StepCost, CurveStepCost]] = {}
+        # predictions that raised (a queue model a bad record left unusable): that worker
+        # is no candidate for this request, the others still are; the last reason each
+        self.failures = 0
+        self.last_failure: dict[WorkerId, str] = {}
 
     def _cost(self, wid: WorkerId, curve: PrefillCurve, step: StepCost) -> CurveStepCost:
         known = self._costs.get(wid)
@@ -185,11 +189,16 @@ class Predictions:
                 for size, chain in chains.items():
                     same = [p.worker_id for p in profiles if p.block_size == size]
                     held |= self.sent.depths(chain, (n - 1) // size, same)
-        return [
-            self._one(profile, hits.get(profile.worker_id), n, now_s, output_tokens,
-                      chains.get(profile.block_size), held.get(profile.worker_id, 0))
-            for profile in profiles
-        ]  # fmt: skip
+        out: list[Candidate] = []
+        for profile in profiles:
+            try:
+                out.append(self._one(profile, hits.get(profile.worker_id), n, now_s,
+                                     output_tokens, chains.get(profile.block_size),
+                                     held.get(profile.worker_id, 0)))  # fmt: skip
+            except (ValueError, ArithmeticError) as exc:
+                self.failures += 1
+                self.last_failure[profile.worker_id] = f"{type(exc).__name__}: {exc}"[:300]
+        return out
 
     def _held_depths(self, profile: WorkerProfile, chain: np.ndarray,
                      depth: int) -> tuple[int, int]:  # fmt: skip

@@ -25,7 +25,9 @@ from foretoken.wire.records import (
     Record,
 )
 
-FINITE = st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False)
+FINITE = st.floats(min_value=0, max_value=1e5, allow_nan=False, allow_infinity=False)
+# Counts of tokens and the like are bounded by the records' checks (far below 2^63).
+COUNT = st.integers(0, 1 << 20)
 MAX_I64 = (1 << 63) - 1
 
 
@@ -54,10 +56,16 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         return st.one_of([strategy_for(a) for a in args])
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         hints = typing.get_type_hints(tp)
-        fields = {f.name: strategy_for(hints[f.name]) for f in msgspec.structs.fields(tp)}
+        fields = {f.name: COUNT if _is_count(f.name, hints[f.name]) else strategy_for(hints[f.name])
+                  for f in msgspec.structs.fields(tp)}  # fmt: skip
         fields.pop("schema_version", None)
         return st.builds(tp, **fields)
     raise TypeError(f"no strategy for {tp!r}")
+
+
+def _is_count(name: str, tp: Any) -> bool:
+    counts = ("_tokens", "tokens_ahead", "_samples", "samples", "block_size")
+    return name.endswith(counts) and tp in (int, int | None)
 
 
 @st.composite

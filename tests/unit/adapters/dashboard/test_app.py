@@ -83,7 +83,8 @@ def synthetic_records(n: int, *, predictions: bool, seed: int = 7) -> list[Grade
             )  # fmt: skip
         if predictions:
             fields |= dict(
-                predicted_ttft_s=predicted, queue_wait_s=queue, prefill_s=predicted - queue,
+                predicted_ttft_s=predicted, queue_wait_s=min(queue, predicted),
+                prefill_s=max(predicted - queue, 0.0),
                 fit_a=a * (1 + 0.5 / (1 + samples)), fit_b=b, fit_samples=samples,
                 fit_default=samples < 8,
             )  # fmt: skip

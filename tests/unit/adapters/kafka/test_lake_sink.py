@@ -73,14 +73,49 @@ def test_the_latest_written_record_of_a_request_wins(tmp_path: Path) -> None:
     assert found == [{"status": "served", "error_s": 0.25}]
 
 
+class _Panic(BaseException):
+    """What polars raises when it panics (its PanicException is a BaseException)."""
+
+
+class _Picky:
+    """The lake, except that a batch holding a record named "bad" panics as polars did on
+    a timestamp it could not place."""
+
+    def __init__(self, lake: Any) -> None:
+        self.lake, self.calls = lake, 0
+
+    def append(self, records: Any) -> int:
+        self.calls += 1
+        if any(r.request_id.startswith("bad") for r in records):
+            raise _Panic("out of range")
+        return int(self.lake.append(records))
+
+
 def test_a_record_the_writer_rejects_is_isolated_and_reported(tmp_path: Path) -> None:
+    """Before: a panic (a BaseException) escaped the sink and the batch was lost; and one bad
+    record in a batch made one file per record."""
     sink = _sink(tmp_path)
-    bad = _graded("bad", math.inf)  # no hour partition for an infinite timestamp
-    failed = sink.write([_graded("a", HOUR0), bad, _graded("b", HOUR0 + 1)])
-    assert [index for index, _ in failed] == [1]
-    assert failed[0][1].startswith("lake write failed:")
-    assert _count(tmp_path, "graded") == 2
-    assert sink.stats()["failed"] == 1
+    picky = _Picky(sink.lake)
+    sink.lake = picky  # type: ignore[assignment]
+    batch = [_graded(f"r{i}", HOUR0 + i) for i in range(64)]
+    batch[37] = _graded("bad37", HOUR0)
+    failed = sink.write(batch)
+    assert [index for index, _ in failed] == [37]
+    assert failed[0][1].startswith("lake write failed: _Panic")
+    assert _count(tmp_path, "graded") == 63
+    assert sink.stats()["failed"] == 1 and sink.stats()["files"] <= 12  # not 63 one-row files
+    assert picky.calls <= 13
+
+
+def test_a_graded_record_with_a_time_or_grade_the_lake_cannot_take_is_refused() -> None:
+    """The graded topic is read by the sink: a stranger's record with a time polars cannot
+    place (it panicked) or a NaN grade (it skewed within_1s) never reaches the writer."""
+    with pytest.raises(ValueError, match="ts"):
+        _graded("x", 9.0e12)
+    with pytest.raises(ValueError, match="ts must be finite"):
+        _graded("x", math.inf)
+    with pytest.raises(ValueError, match="must be finite"):
+        _graded("x", HOUR0, error=math.nan)
 
 
 def test_the_sink_needs_a_directory_and_sane_batches(tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ class Driver:
     def backlog(self, t: float, klass: str = "interactive", worker: WorkerId = W0) -> None:
         """A request sent and not answered: queued tokens, the corroborating signal."""
         rid = RequestId(f"pending{next(self.ids)}")
-        self._grant(rid, t, klass, worker, prompt_tokens=10_000, prefill_s=1e9)
+        self._grant(rid, t, klass, worker, prompt_tokens=10_000, prefill_s=1e8)
 
     def _grant(
         self,
