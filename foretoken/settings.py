@@ -103,6 +103,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         """Rules that span fields (each message names its keys)."""
         r, w = self.router, self.worker
+        token = self.route.token
+        if token != token.strip() or any(ord(c) < 32 or ord(c) == 127 for c in token):
+            raise ValueError("route.token must not have surrounding whitespace or control "
+                             "characters: HTTP strips them, no caller could match it")  # fmt: skip
         if not 0 < r.min_queue_wait_s <= r.max_queue_wait_s:
             raise ValueError(
                 f"router.min_queue_wait_s ({r.min_queue_wait_s}) must be > 0 and <= "

@@ -8,12 +8,22 @@ where every other module imports them from (``from foretoken.settings import ...
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 # What a route call holds besides the packed prompt (ids, bound, class...), at most.
 ROUTE_ENVELOPE_BYTES = 64 * 1024
+# Ranges checked when the settings are read (a file, the environment): an interval of 0
+# spun a timer at full speed, a NaN timeout disabled it, a port of 70000 failed deep in a
+# library. The error names the key and where its value came from.
+Seconds = Annotated[float, msgspec.Meta(gt=0.0, le=1e9)]  # an interval or a timeout
+Duration = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]  # 0 allowed
+Signed = Annotated[float, msgspec.Meta(ge=-1e9, le=1e9)]  # finite; < 0 switches it off
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Retention = Annotated[int, msgspec.Meta(ge=-1)]  # Kafka's -1: keep for ever
 
 
 class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -24,19 +34,19 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True):
     # 512m ran out with ~15,000 partitions (topics of many test runs accumulated in one
     # broker); the heap is committed only as it is used.
     heap: str = "-Xms256m -Xmx1g"
-    start_timeout_s: float = 240.0
+    start_timeout_s: Seconds = 240.0
     # Every service waits this long at start for its topics to exist and have leaders
     # (streams/readiness.py), then stops with an error naming what it waited for.
-    startup_timeout_s: float = 60.0
+    startup_timeout_s: Seconds = 60.0
     # The producers' largest request (aiokafka max_request_size; the broker's default
     # message.max.bytes is about the same): a bigger record is refused at send time.
-    max_request_bytes: int = 1_048_576
+    max_request_bytes: Positive = 1_048_576
     # The processor's consumer: the broker answers a fetch once it has fetch_min_bytes or
     # fetch_max_wait_ms has passed (Faust's values by default: a fetch for every few records
     # under load). 65536 / 10 cut a busy route replica's CPU per request, but an idle
     # consumer then polls every 10 ms (5.9% of a core idle against 1.1%): docs/BENCHMARKS.md.
-    fetch_min_bytes: int = 1
-    fetch_max_wait_ms: int = 1500
+    fetch_min_bytes: Positive = 1
+    fetch_max_wait_ms: Count = 1500
 
 
 class TopicNames(msgspec.Struct, kw_only=True, frozen=True):
@@ -53,11 +63,11 @@ class TopicNames(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class TopicLayout(msgspec.Struct, kw_only=True, frozen=True):
-    partitions: int = 4
-    replication_factor: int = 1
+    partitions: Positive = 4
+    replication_factor: Positive = 1
     # Compacted topics keep the newest record per key forever (worker registrations).
     compacted: tuple[str, ...] = ("workers", "members")
-    retention_ms: int = 24 * 3600 * 1000
+    retention_ms: Retention = 24 * 3600 * 1000
 
 
 class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -67,7 +77,7 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     role: Literal["primary", "route"] = "primary"
     app_id: str = "foretoken"
     web_host: str = "127.0.0.1"
-    web_port: int = 6066
+    web_port: Port = 6066
     # Snapshots (index, fits) and Faust's own files; empty = <state_dir>/worker/<app_id>.
     # A relative path is taken from the working directory; parents are created.
     data_dir: str = ""
@@ -75,15 +85,15 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     create_topics: bool = True
     log_level: Literal["crit", "error", "warn", "info", "debug"] = "warn"
     # The cache index is snapshotted this often (plus on a clean stop).
-    snapshot_interval_s: float = 10.0
+    snapshot_interval_s: Seconds = 10.0
     # Kafka consumer-group session: how long a killed worker's partitions stay assigned.
-    session_timeout_s: float = 10.0
-    heartbeat_interval_s: float = 3.0
+    session_timeout_s: Seconds = 10.0
+    heartbeat_interval_s: Seconds = 3.0
     # Approximate cache mode (engines without KV events, predictor/approx.py): a routed
     # prompt counts as cached this long after it was last served, and at most this many
     # tokens per worker when its registration gives no gpu_blocks.
-    approx_cache_ttl_s: float = 300.0
-    approx_cache_default_tokens: int = 65_536
+    approx_cache_ttl_s: Seconds = 300.0
+    approx_cache_default_tokens: Count = 65_536
     # This process among the members (its route replica's consumer group, its members
     # record); empty = <host>-<web_port>.
     instance_id: str = ""
@@ -96,24 +106,24 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     snapshot_dir: str = ""
     # A route replica is ready (/healthz 200) once every input topic's lag (records between
     # what it applied and the end of its partitions) is at most this.
-    ready_lag_records: int = 500
+    ready_lag_records: Count = 500
     # Past readiness, it reports "lagging" (503) when the lag stays above the bound this long.
-    lagging_after_s: float = 10.0
+    lagging_after_s: Seconds = 10.0
     # How often the lag (end offsets) is measured.
-    lag_interval_s: float = 0.5
+    lag_interval_s: Seconds = 0.5
     # A replica replays grants and outcomes from this far back (Kafka offsets for times), so
     # that the requests still in flight are in its queue models.
-    catch_up_horizon_s: float = 300.0
+    catch_up_horizon_s: Duration = 300.0
     # The members record is refreshed this often; one older than 3 intervals is gone.
-    member_interval_s: float = 1.0
+    member_interval_s: Seconds = 1.0
     # This long after start, what the started processor holds is frozen out of the garbage
     # collector's full passes (foretoken.adapters.heap); negative: never.
-    freeze_heap_after_s: float = 5.0
+    freeze_heap_after_s: Signed = 5.0
 
 
 class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Port = 8000
     # The route service (on the Faust worker); empty = the worker's own web address.
     route_url: str = ""
     # Several route services (read replicas, shards): each request goes to a ready one,
@@ -123,26 +133,26 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Also discover route services from the members topic (role route, ready, alive).
     route_members: bool = False
     # How often each route service's /healthz is checked.
-    route_health_interval_s: float = 1.0
+    route_health_interval_s: Seconds = 1.0
     # Past this the router decides alone (fallback policy) and marks the grant `fallback`.
-    route_timeout_s: float = 0.25
+    route_timeout_s: Seconds = 0.25
     # After a failed route call, use the fallback for this long before asking again.
-    route_retry_after_failure_s: float = 0.5
+    route_retry_after_failure_s: Duration = 0.5
     # The longest an engine may stay silent: to connect, before its first token, or between
     # two reads of its stream (an idle timeout: a long answer that keeps coming is not cut).
-    engine_timeout_s: float = 600.0
+    engine_timeout_s: Seconds = 600.0
     # Request bodies: the largest the router reads (413 past it; the route service takes the
     # same limit), and how long one may take to arrive (408 after).
-    max_body_bytes: int = 32 * 1024 * 1024
-    body_read_timeout_s: float = 30.0
+    max_body_bytes: Positive = 32 * 1024 * 1024
+    body_read_timeout_s: Seconds = 30.0
     # Prompts over this many tokens get a 400; 4 bytes a token in the route call, so it must
     # fit router.max_body_bytes (checked). max_tokens / max_completion_tokens at most this.
-    max_prompt_tokens: int = 2 * 1024 * 1024
-    max_output_tokens: int = 1024 * 1024
+    max_prompt_tokens: Positive = 2 * 1024 * 1024
+    max_output_tokens: Positive = 1024 * 1024
     # Bodies of at least this many bytes are decoded, and texts of at least this many
     # characters tokenized, in a worker thread instead of on the event loop.
-    decode_off_loop_bytes: int = 1024 * 1024
-    tokenize_off_loop_chars: int = 32_768
+    decode_off_loop_bytes: Count = 1024 * 1024
+    tokenize_off_loop_chars: Count = 32_768
     # Request headers passed on to the engine (case-insensitive), e.g. add "x-api-key" or
     # "openai-organization" for engines that check them.
     forward_headers: tuple[str, ...] = ("authorization", "x-request-id", "traceparent")
@@ -153,14 +163,14 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Browser origins allowed to call the router (CORS; "*" for any); none by default.
     cors_origins: tuple[str, ...] = ()
     # Router processes on one port (SO_REUSEPORT); each has its own connections and buffer.
-    processes: int = 1
-    min_queue_wait_s: float = 5.0
-    max_queue_wait_s: float = 300.0
+    processes: Positive = 1
+    min_queue_wait_s: Seconds = 5.0
+    max_queue_wait_s: Seconds = 300.0
     # Grants/outcomes waiting for Kafka; past this, new ones are dropped and counted.
-    publish_buffer: int = 100_000
+    publish_buffer: Positive = 100_000
     # Fallback policy: answer 429 when every worker has this many prompt tokens outstanding.
-    fallback_overload_tokens: int = 2_000_000
-    fallback_retry_after_s: float = 1.0
+    fallback_overload_tokens: Count = 2_000_000
+    fallback_retry_after_s: Duration = 1.0
     # model -> path of a Hugging Face tokenizer.json; other models use the built-in one.
     tokenizers: dict[str, str] = {}
 
@@ -170,28 +180,28 @@ class IngestSettings(msgspec.Struct, kw_only=True, frozen=True):
 
     # Its HTTP page (/healthz: every engine's listener; /metrics); port 0 = no page.
     host: str = "127.0.0.1"
-    port: int = 6068
+    port: Port = 6068
     # ZMQ_MAXMSGSIZE of every SUB and replay socket: ZMQ drops a bigger message (and the
     # connection it came on; the sequence gap is then repaired through replay, or reset).
-    max_message_bytes: int = 16 * 1024 * 1024
+    max_message_bytes: Positive = 16 * 1024 * 1024
     # ZMQ_RCVHWM: messages queued per socket before ZMQ drops (a gap, repaired or reset).
-    receive_hwm: int = 1000
+    receive_hwm: Count = 1000
     # A kv-events record bigger than this is split into several records of the same seq
     # (events, and the block hashes of one event, in order); below kafka.max_request_bytes.
-    max_record_bytes: int = 900 * 1024
+    max_record_bytes: Positive = 900 * 1024
     # Payloads and batches bigger than this are decoded / encoded off the event loop.
-    offload_bytes: int = 256 * 1024
+    offload_bytes: Count = 256 * 1024
     # An undecodable batch at the expected seq is taken as lost (not a reset); more than
     # this many in a row (no decodable one between) reset the worker's index.
-    max_undecodable_run: int = 16
+    max_undecodable_run: Count = 16
     # How long the engine's replay socket may take per reply while a gap is repaired.
-    backfill_timeout_s: float = 2.0
+    backfill_timeout_s: Seconds = 2.0
     # A disconnect that ZMQ does not follow with a reconnect attempt within this long (a
     # protocol error, e.g. an oversized message) gets a new socket.
-    reconnect_grace_s: float = 1.0
+    reconnect_grace_s: Duration = 1.0
     # A listener that dies is restarted after this, doubling up to the max.
-    restart_backoff_s: float = 0.5
-    restart_backoff_max_s: float = 30.0
+    restart_backoff_s: Seconds = 0.5
+    restart_backoff_max_s: Seconds = 30.0
 
 
 class RouteSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -203,15 +213,15 @@ class RouteSettings(msgspec.Struct, kw_only=True, frozen=True):
     # loopback without one. The router sends it.
     token: str = ""
     # The longest prompt (token ids or prompt_tokens) a route request may carry.
-    max_prompt_tokens: int = 2_097_152
+    max_prompt_tokens: Positive = 2_097_152
     # expected_output_tokens (the request's max_tokens) within 1..this.
-    max_output_tokens: int = 1_048_576
+    max_output_tokens: Positive = 1_048_576
     # Largest body; 0 = derived from max_prompt_tokens (packed 32-bit ids, base64 in JSON).
-    max_body_bytes: int = 0
+    max_body_bytes: Count = 0
     # The whole body must arrive within this long (else 408).
-    read_timeout_s: float = 10.0
+    read_timeout_s: Seconds = 10.0
     # Bodies bigger than this are decoded off the event loop.
-    offload_bytes: int = 1_048_576
+    offload_bytes: Count = 1_048_576
 
     @property
     def body_limit(self) -> int:
@@ -236,8 +246,8 @@ class LakeSettings(msgspec.Struct, kw_only=True, frozen=True):
     # The lake's directory; empty = no sink (the worker still grades onto the topic).
     dir: str = ""
     # A batch is written (one file per hour touched) at this many records or after this long.
-    batch_records: int = 5_000
-    batch_s: float = 1.0
+    batch_records: Positive = 5_000
+    batch_s: Seconds = 1.0
     # Hours closed for this long are compacted to one file, checked this often.
-    compact_interval_s: float = 60.0
-    compact_after_s: float = 300.0
+    compact_interval_s: Seconds = 60.0
+    compact_after_s: Duration = 300.0

@@ -158,6 +158,15 @@ class SchedulerSettings(msgspec.Struct, kw_only=True, frozen=True, gc=False):
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
 
+def unknown_scheduler_keys(scheduler: object) -> list[str]:
+    """The keys of a scheduler table that :class:`SchedulerSettings` does not know (the
+    struct tolerates them on the wire; a file a person writes must not: a misspelled key
+    would silently leave the default in place)."""
+    if not isinstance(scheduler, dict):
+        return []
+    return sorted(set(scheduler) - set(SchedulerSettings.__struct_fields__))
+
+
 class EngineReport(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """How an engine says it runs: the part of its description that an engines file and a
     simulated fleet file share (each adds where the engine is, or its hidden truth)."""

@@ -63,10 +63,10 @@ from foretoken.core.types import (
     U64_MASK,
     EngineReport,
     ModelName,
-    SchedulerSettings,
     Tier,
     WorkerId,
     WorkerProfile,
+    unknown_scheduler_keys,
 )
 
 FLEETS_DIR = Path(__file__).parent / "fleets"
@@ -319,11 +319,10 @@ class FleetSpec(msgspec.Struct, kw_only=True, frozen=True):
 
 def _check_scheduler_keys(raw: dict[str, Any]) -> None:
     """SchedulerSettings (a wire struct) tolerates unknown keys; a fleet file must not."""
-    known = set(SchedulerSettings.__struct_fields__)
     for index, entry in enumerate(raw.get("engines", ())):
         scheduler = entry.get("scheduler") if isinstance(entry, dict) else None
         if isinstance(scheduler, dict):
-            unknown = sorted(set(scheduler) - known)
+            unknown = unknown_scheduler_keys(scheduler)
             if unknown:
                 raise FleetSpecError(
                     f"unknown scheduler setting(s) {unknown} - at `$.engines[{index}].scheduler`"

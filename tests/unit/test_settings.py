@@ -149,3 +149,29 @@ def test_edge_limits_are_settings_with_their_rules() -> None:
         load_settings(env={"FORETOKEN__ROUTE__MAX_BODY_BYTES": "1000"})
     with pytest.raises(SettingsError, match="pending_horizon"):
         load_settings(env={"FORETOKEN__CONTROLS__PENDING_HORIZON_MIN_S": "1000"})
+
+
+@pytest.mark.parametrize(
+    ("env", "key"),
+    [
+        ({"FORETOKEN_SNAPSHOT_INTERVAL_S": "0"}, "worker.snapshot_interval_s"),  # spun a timer
+        ({"FORETOKEN_SNAPSHOT_INTERVAL_S": "nan"}, "worker.snapshot_interval_s"),
+        ({"FORETOKEN_LAKE_COMPACT_INTERVAL_S": "0"}, "lake.compact_interval_s"),
+        ({"FORETOKEN_LAKE_BATCH_RECORDS": "0"}, "lake.batch_records"),  # the worker died later
+        ({"FORETOKEN_WEB_PORT": "70000"}, "worker.web_port"),  # a 176-line traceback
+        ({"FORETOKEN__ROUTE__READ_TIMEOUT_S": "inf"}, "route.read_timeout_s"),  # no 408 then
+        ({"FORETOKEN__ROUTER__ENGINE_TIMEOUT_S": "-1"}, "router.engine_timeout_s"),
+        ({"FORETOKEN__LAYOUT__RETENTION_MS": "-2"}, "layout.retention_ms"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_naming_the_key(env: dict[str, str], key: str) -> None:
+    with pytest.raises(SettingsError, match=key.replace(".", r"\.")):
+        load_settings(env=env)
+
+
+def test_a_route_token_no_caller_could_send_is_refused() -> None:
+    """HTTP strips a header value's surrounding whitespace: every call got a 401 and the
+    router quietly decided every request alone."""
+    with pytest.raises(SettingsError, match=r"route\.token"):
+        load_settings(env={"FORETOKEN__ROUTE__TOKEN": " secret "})
+    assert load_settings(env={"FORETOKEN__ROUTE__TOKEN": "secret"}).route.token == "secret"

@@ -45,11 +45,17 @@ import hashlib
 import time
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
-from foretoken.core.types import EngineReport, ModelName, WorkerId, prompt_fits
+from foretoken.core.types import (
+    EngineReport,
+    ModelName,
+    WorkerId,
+    prompt_fits,
+    unknown_scheduler_keys,
+)
 from foretoken.wire.records import Tier, WorkerEndpoints, WorkerRegistration
 
 EngineKind = Literal["vllm", "sglang", "llamacpp"]
@@ -118,7 +124,7 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
         )
 
 
-class EnginesFile(msgspec.Struct, kw_only=True, frozen=True):
+class EnginesFile(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     engines: tuple[EngineConfig, ...]
 
 
@@ -126,16 +132,57 @@ class EnginesConfigError(ValueError):
     pass
 
 
+_SCHEMES: Final = {
+    "http_url": ("http://", "https://"),
+    "metrics_url": ("http://", "https://"),
+    "kv_events_url": ("tcp://", "ipc://", "inproc://"),
+    "replay_url": ("tcp://", "ipc://", "inproc://"),
+}
+
+
 def load_engines(path: str | Path) -> list[EngineConfig]:
+    """The engines of the file, every mistake a one-line error naming the file, the engine
+    and the key (a misspelled key, a value the registration refuses, a URL of the wrong
+    kind, a tokenizer that is not there) — at load, not later deep in a service."""
     try:
         raw = tomllib.loads(Path(path).read_text())
+        for index, entry in enumerate(raw.get("engines", ()) if isinstance(raw, dict) else ()):
+            unknown = unknown_scheduler_keys(entry.get("scheduler") if isinstance(entry, dict)
+                                             else None)  # fmt: skip
+            if unknown:
+                raise EnginesConfigError(f"unknown scheduler setting(s) {unknown} - at "
+                                         f"`$.engines[{index}].scheduler`")  # fmt: skip
         engines = list(msgspec.convert(raw, EnginesFile).engines)
-    except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+        if not engines:
+            raise EnginesConfigError("no engines (add an [[engines]] table per engine)")
+        for index, engine in enumerate(engines):
+            _check_engine(engine, index)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, msgspec.ValidationError,
+            EnginesConfigError) as exc:  # fmt: skip
         raise EnginesConfigError(f"engines file {path}: {exc}") from exc
     ids = [e.worker_id for e in engines]
     if len(set(ids)) != len(ids):
         raise EnginesConfigError(f"engines file {path}: duplicate worker_id")
     return engines
+
+
+def _check_engine(engine: EngineConfig, index: int) -> None:
+    where = f"$.engines[{index}]"
+    for name in ("worker_id", "model"):
+        if not getattr(engine, name).strip():
+            raise EnginesConfigError(f"{name} must not be empty - at `{where}.{name}`")
+    for name, schemes in _SCHEMES.items():
+        url = getattr(engine, name)
+        if url is not None and not url.startswith(schemes):
+            raise EnginesConfigError(f"{name} must start with {' or '.join(schemes)}, got "
+                                     f"{url[:80]!r} - at `{where}.{name}`")  # fmt: skip
+    if engine.tokenizer is not None and not Path(engine.tokenizer).expanduser().is_file():
+        raise EnginesConfigError(f"tokenizer {engine.tokenizer!r} is not a file - at "
+                                 f"`{where}.tokenizer`")  # fmt: skip
+    try:
+        engine.registration(ts=0.0)  # what the workers topic will hold, checked now
+    except ValueError as exc:
+        raise EnginesConfigError(f"{exc} - at `{where}` (worker {engine.worker_id})") from exc
 
 
 def dump_engines(engines: list[EngineConfig]) -> str:

@@ -76,7 +76,8 @@ async def read_body(request: web.Request, cfg: RouteSettings) -> bytes:
     except TimeoutError as exc:
         raise RouteRequestError(f"the body did not arrive within {cfg.read_timeout_s} s",
                                 None, 408) from exc  # fmt: skip
-    except (RequestPayloadError, HttpProcessingError) as exc:  # a body that breaks its framing
+    except (RequestPayloadError, HttpProcessingError, ConnectionError) as exc:
+        # a body that breaks its framing, or a client gone mid-body (no traceback for it)
         raise RouteRequestError(f"the body could not be read: {exc}", None) from exc
 
 

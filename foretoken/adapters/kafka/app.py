@@ -87,6 +87,11 @@ def create_app(
         broker_session_timeout=settings.worker.session_timeout_s,
         broker_heartbeat_interval=settings.worker.heartbeat_interval_s,
         web_enabled=True,
+        # Faust's own debug pages: no foretoken state is in Faust tables, and /router/ and
+        # /table/ answered any caller (a 500 with a traceback for /router/x/)
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
         # On stop, commit what is acked and no more: the acks held for the grading join
         # and the lake sink (join_acks.py, lake_sink.py) are simply read again next time.
         stream_wait_empty=False,

@@ -47,8 +47,11 @@ class CacheQuery(msgspec.Struct, frozen=True):
 
 def _error(view: View, exc: RouteRequestError) -> Response:
     code = "unauthorized" if exc.status == 401 else "invalid_route_request"
-    return view.bytes(error_body(exc.message, exc.field, code), status=exc.status,
-                      content_type=JSON)  # fmt: skip
+    response = view.bytes(error_body(exc.message, exc.field, code), status=exc.status,
+                          content_type=JSON)  # fmt: skip
+    if exc.status in (408, 413, 415) and isinstance(response, web.StreamResponse):
+        response.force_close()  # the rest of the body is never read (nor drained, inflated)
+    return response
 
 
 def _unavailable(view: View, message: str, status: int) -> Response:

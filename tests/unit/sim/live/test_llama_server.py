@@ -85,7 +85,9 @@ def test_engine_config_is_a_serial_engine_without_events_or_cache_reports() -> N
 
 
 def test_engines_file_round_trip_keeps_the_flags(tmp_path: Path) -> None:
-    cfg = engine_config("llama0", "tiny", "http://127.0.0.1:1", tokenizer="/t.json")
+    tokenizer = tmp_path / "t.json"
+    tokenizer.write_text("{}")  # load_engines checks that it is there
+    cfg = engine_config("llama0", "tiny", "http://127.0.0.1:1", tokenizer=str(tokenizer))
     path = tmp_path / "engines.toml"
     path.write_text(dump_engines([cfg]))
     (back,) = load_engines(path)

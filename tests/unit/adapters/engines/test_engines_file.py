@@ -1,0 +1,59 @@
+"""The engines file a person writes: every mistake is a one-line error naming the file, the
+engine and the key, at load (before: a block_size of 0 crashed ingest later with a
+115-line traceback, a misspelled scheduler key silently kept the default, an http:// KV
+events URL made ingest restart its listener for ever)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from foretoken.adapters.engines.engines_file import (
+    EngineConfig,
+    EnginesConfigError,
+    load_engines,
+)
+
+GOOD = '[[engines]]\nworker_id = "w0"\nmodel = "m"\nhttp_url = "http://127.0.0.1:8000"\n'
+
+
+def _load(tmp_path: Path, text: str | bytes) -> list[EngineConfig]:
+    path = tmp_path / "engines.toml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return load_engines(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (GOOD + "block_size = 0\n", "block_size"),
+        (GOOD + "gpu_blocks = -5\n", "gpu_blocks"),
+        (GOOD + "max_model_len = -1\n", "max_model_len"),
+        (GOOD + "[engines.scheduler]\nmax_num_batched_token = 99\n", "max_num_batched_token"),
+        (GOOD + 'kv_events_url = "http://127.0.0.1:5557"\n', "kv_events_url must start with"),
+        (GOOD.replace("http://127.0.0.1:8000", "127.0.0.1:8000"), "http_url must start with"),
+        (GOOD + 'tokenizer = "/no/such/tokenizer.json"\n', "tokenizer"),
+        (GOOD.replace('"w0"', '""'), "worker_id must not be empty"),
+        (GOOD + '[[engine]]\nworker_id = "w1"\n', "engine"),
+        ("engines = []\n", "no engines"),
+        (GOOD + GOOD, "duplicate worker_id"),
+        (b"\xff\xfe[[engines]]", "engines file"),
+    ],
+)
+def test_a_mistake_is_one_line_naming_the_file_and_the_key(
+    tmp_path: Path, text: str | bytes, says: str
+) -> None:
+    with pytest.raises(EnginesConfigError) as info:
+        _load(tmp_path, text)
+    message = str(info.value)
+    assert message.startswith(f"engines file {tmp_path / 'engines.toml'}") and says in message
+    assert "\n" not in message
+
+
+def test_a_good_file_loads(tmp_path: Path) -> None:
+    (engine,) = _load(tmp_path, GOOD + 'kv_events_url = "tcp://127.0.0.1:5557"\n')
+    assert engine.worker_id == "w0" and engine.kv_events_url == "tcp://127.0.0.1:5557"
