@@ -8,6 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
+from foretoken.cli_args import positive, usable_output
 from foretoken.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -281,6 +282,10 @@ def replay(
     """Replay a trace on a simulated fleet in virtual time; summary as JSON."""
     from foretoken.sim.commands import dumps, replay_command
 
+    for option, value in (("--speedup", speedup), ("--capacity-factor", capacity_factor),
+                          ("--limit", limit)):  # fmt: skip
+        positive(option, value)
+    usable_output(out, "--out", directory=True)
     settings = _settings(config)
     try:
         summary = replay_command(
@@ -314,6 +319,12 @@ def load(
     """Replay a trace's arrivals against any OpenAI-compatible endpoint; results as JSON."""
     from foretoken.sim.commands import dumps, load_command
 
+    for option, value in (("--speedup", speedup), ("--limit", limit)):
+        positive(option, value)
+    if not url.startswith(("http://", "https://")):
+        console.print(f"[red]error:[/red] --url must start with http:// or https://, got {url!r}")
+        raise typer.Exit(2)
+    usable_output(out, "--out")
     try:
         summary = load_command(
             url=url, model=model, trace=trace, limit=limit, speedup=speedup, bounds=bounds,
@@ -357,6 +368,9 @@ def bench_predict(
     if not (trace or fleet or matrix or explain):
         _bench(["predict"], quick)
         return
+    for option, value in (("--limit", limit), ("--jobs", jobs), ("--load", load)):
+        positive(option, value)
+    usable_output(json_path, "--json")
     try:
         predict_command(quick=quick, trace=trace, fleet=fleet, loads=loads, load=load,
                         limit=limit, seed=seed, matrix=matrix, jobs=jobs, explain=explain,

@@ -424,7 +424,7 @@ def load_settings_with_sources(
     if file:
         try:
             tree = tomllib.loads(Path(file).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise SettingsError(f"cannot read settings file {file}: {exc}") from exc
         sources.update(dict.fromkeys(_flatten(tree), f"file {file}"))
     for dotted, value in _generic_env(env).items():

@@ -70,6 +70,7 @@ from foretoken.core.types import (
 )
 
 FLEETS_DIR = Path(__file__).parent / "fleets"
+MAX_COUNT = 4096  # engines of one template (100 million took minutes to expand)
 KV_HASH_ALGOS = frozenset({"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"})
 SEED_DIGEST_BYTES = 8
 CONFIG_HASH_CHARS = 16
@@ -124,6 +125,9 @@ class TruthSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
         )
         _require(0.0 <= self.stall_probability <= 1.0, "stall_probability must be in [0, 1]")
         _require(self.seed >= 0, "seed must be >= 0")
+        _require(self.prefill_a_s_per_token > 0 or self.prefill_b_s_per_token2 > 0,
+                 "a prefill that costs nothing (prefill_a_s_per_token and "
+                 "prefill_b_s_per_token2 both 0) has no capacity to load")  # fmt: skip
 
     def prefill_s(self, num_tokens: int) -> float:
         """C(N) = a·N + b·N²: the cold prefill time of N tokens."""
@@ -235,7 +239,7 @@ class EngineTemplate(EngineSpec, kw_only=True, frozen=True, forbid_unknown_field
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(self.count >= 1, "count must be >= 1")
+        _require(1 <= self.count <= MAX_COUNT, f"count must be within 1..{MAX_COUNT}")
 
     def expand(self) -> tuple[EngineSpec, ...]:
         fields = {name: getattr(self, name) for name in EngineSpec.__struct_fields__}
@@ -370,6 +374,8 @@ def load_fleet(path: str | Path) -> FleetSpec:
         text = candidate.read_text(encoding="utf-8")
     except OSError as exc:
         raise FleetSpecError(f"{candidate}: cannot read fleet file: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise FleetSpecError(f"{candidate}: a fleet file is UTF-8 text: {exc}") from exc
     return parse_fleet(text, source=str(candidate))
 
 

@@ -31,6 +31,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -184,11 +185,16 @@ def _check_speedup(speedup: float) -> None:
 # ---------------------------------------------------------------------------- Mooncake
 
 
+_HASH_ID = Annotated[int, msgspec.Meta(ge=0, lt=1 << _KEY_DOMAIN_SHIFT)]
+
+
 class _MooncakeRow(msgspec.Struct):
-    timestamp: float
+    timestamp: Annotated[float, msgspec.Meta(ge=0.0)]
     input_length: int
     output_length: int
-    hash_ids: list[int]
+    # a block's id: below the bits a segment key keeps for its domain (a bigger one would
+    # alias another trace's block, a negative one was an OverflowError traceback)
+    hash_ids: list[_HASH_ID]
 
 
 def _common_prefix_len(rows: Sequence[_MooncakeRow]) -> int:
@@ -220,7 +226,11 @@ def load_mooncake(
     source = Path(path) if path is not None else default_trace_path(MOONCAKE_FILE)
     decoder = msgspec.json.Decoder(_MooncakeRow)
     rows: list[_MooncakeRow] = []
-    with source.open("rb") as fh:
+    try:
+        fh = source.open("rb")
+    except OSError as exc:
+        raise TraceFormatError(f"{source}: {exc.strerror or exc}") from exc
+    with fh:
         for line_no, line in enumerate(fh, start=1):
             if limit is not None and len(rows) >= limit:
                 break

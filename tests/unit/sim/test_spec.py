@@ -117,7 +117,8 @@ def test_load_fleet_by_path_and_by_shipped_name(tmp_path: Path) -> None:
         (fleet_text(extra="blocksize = 3"), "unknown field `blocksize` - at `$.engines[0]`"),
         (fleet_text(extra="block_size = '16'"), "Expected `int`, got `str`"),
         (fleet_text(extra="block_size = 0"), "block_size must be >= 1"),
-        (fleet_text(extra="count = 0"), "count must be >= 1"),
+        (fleet_text(extra="count = 0"), "count must be within 1..4096"),
+        (fleet_text(extra="count = 100000000"), "count must be within 1..4096"),  # minutes
         (fleet_text(extra="kv_hash_algo = 'md5'"), "kv_hash_algo must be one of"),
         (fleet_text(kv="cpu_blocks = -1"), "kv.cpu_blocks must be >= 0 - at `$.engines[0].kv`"),
         (fleet_text(kv="shared_blocks = 0"), "kv.shared_blocks must be >= 1"),
@@ -198,3 +199,10 @@ def test_expansion_keeps_every_other_field(count: int, seed: int, block_size: in
         assert engine.truth.seed == seed + index
         plain = msgspec.structs.replace(engine, id=engines[0].id, truth=engines[0].truth)
         assert plain == engines[0]
+
+
+def test_a_prefill_that_costs_nothing_is_refused() -> None:
+    """Both costs 0 passed, then the bench's capacity calibration divided by zero."""
+    with pytest.raises(ValueError, match="costs nothing"):
+        TruthSpec(prefill_a_s_per_token=0.0, prefill_b_s_per_token2=0.0)
+    assert TruthSpec(prefill_a_s_per_token=0.0, prefill_b_s_per_token2=1e-9).prefill_s(100) > 0

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -365,3 +366,18 @@ def test_bound_mix_counts_are_within_one_of_the_share(raw: list[int], n: int) ->
     assert sum(counts.values()) == n
     for bound, weight in zip(bounds, weights, strict=True):
         assert abs(counts[bound] - weight * n) < 1
+
+
+@pytest.mark.parametrize("ids", [[-5], [1 << 64], [1 << 40]])
+def test_a_mooncake_block_id_out_of_range_is_a_format_error(tmp_path: Path, ids: list[int]) -> None:
+    """-5 and 2^64 were OverflowError tracebacks; 2^40 and above aliased another domain."""
+    path = tmp_path / "bad.jsonl"
+    row = {"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": ids}
+    path.write_bytes(msgspec.json.encode(row) + b"\n")
+    with pytest.raises(TraceFormatError, match=r"bad\.jsonl:1: .*hash_ids"):
+        load_mooncake(path)
+
+
+def test_a_missing_mooncake_trace_is_a_format_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="no-such"):
+        load_mooncake(tmp_path / "no-such.jsonl")

@@ -1,0 +1,41 @@
+"""Checks of the ``foretoken`` command's arguments made before any work: a run of minutes
+used to end in a traceback when its output could not be written, and a 0 that a default
+silently replaced ran something else than asked."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+_console = Console(stderr=True)
+
+
+def usable_output(path: str | None, option: str, *, directory: bool = False) -> None:
+    """Exit 2 with one line unless ``path`` can be written: a file in an existing writable
+    directory, or a directory that exists or can be made."""
+    if path is None:
+        return
+    target = Path(path).expanduser()
+    if directory:
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            ok = os.access(target, os.W_OK)
+        except OSError:
+            ok = False
+    else:
+        parent = target.parent
+        ok = not target.is_dir() and parent.is_dir() and os.access(parent, os.W_OK)
+    if not ok:
+        kind = "a directory" if directory else "a file"
+        _console.print(f"[red]error:[/red] {option} {path}: cannot write {kind} there")
+        raise typer.Exit(2)
+
+
+def positive(option: str, value: float | None) -> None:
+    """Exit 2 with one line unless ``value`` (when given) is > 0."""
+    if value is not None and not value > 0:
+        _console.print(f"[red]error:[/red] {option} must be > 0, got {value}")
+        raise typer.Exit(2)

@@ -1,0 +1,32 @@
+"""The command's arguments are checked before any work (a benchmark of minutes used to end
+in a traceback when its --json could not be written; --speedup 0 silently ran at 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from foretoken.cli import app
+
+runner = CliRunner()
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["bench", "predict", "--trace", "mooncake", "--fleet", "small",
+                                 "--json", str(tmp_path / "no" / "such" / "x.json")])  # fmt: skip
+    assert result.exit_code == 2 and "cannot write a file there" in result.output
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    result = runner.invoke(app, ["replay", "--limit", "5", "--out", str(a_file)])
+    assert result.exit_code == 2 and "cannot write a directory there" in result.output
+
+
+def test_a_zero_or_negative_rate_is_refused_not_replaced() -> None:
+    for args in (["replay", "--speedup", "0"], ["replay", "--capacity-factor", "-1"],
+                 ["replay", "--limit", "0"], ["load", "--url", "http://x", "--model", "m",
+                                              "--speedup", "0"]):  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and "must be > 0" in result.output, args
+    result = runner.invoke(app, ["load", "--url", "notaurl", "--model", "m"])
+    assert result.exit_code == 2 and "--url must start with http" in result.output
