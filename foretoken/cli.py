@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from foretoken.cli_args import positive, usable_output
+from foretoken.cli_args import existing_dir, port, positive, usable_output
 from foretoken.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -282,9 +282,7 @@ def replay(
     """Replay a trace on a simulated fleet in virtual time; summary as JSON."""
     from foretoken.sim.commands import dumps, replay_command
 
-    for option, value in (("--speedup", speedup), ("--capacity-factor", capacity_factor),
-                          ("--limit", limit)):  # fmt: skip
-        positive(option, value)
+    positive(("--speedup", speedup), ("--capacity-factor", capacity_factor), ("--limit", limit))
     usable_output(out, "--out", directory=True)
     settings = _settings(config)
     try:
@@ -319,8 +317,7 @@ def load(
     """Replay a trace's arrivals against any OpenAI-compatible endpoint; results as JSON."""
     from foretoken.sim.commands import dumps, load_command
 
-    for option, value in (("--speedup", speedup), ("--limit", limit)):
-        positive(option, value)
+    positive(("--speedup", speedup), ("--limit", limit))
     if not url.startswith(("http://", "https://")):
         console.print(f"[red]error:[/red] --url must start with http:// or https://, got {url!r}")
         raise typer.Exit(2)
@@ -368,8 +365,7 @@ def bench_predict(
     if not (trace or fleet or matrix or explain):
         _bench(["predict"], quick)
         return
-    for option, value in (("--limit", limit), ("--jobs", jobs), ("--load", load)):
-        positive(option, value)
+    positive(("--limit", limit), ("--jobs", jobs), ("--load", load))
     usable_output(json_path, "--json")
     try:
         predict_command(quick=quick, trace=trace, fleet=fleet, loads=loads, load=load,
@@ -519,6 +515,7 @@ def report(
     from foretoken.adapters.lake.report import output_console, render
     from foretoken.adapters.lake.report import report as build
 
+    existing_dir(lake, "--lake")
     summary = build(lake)
     if as_json:
         print(json.dumps(summary, indent=1, default=str))
@@ -538,13 +535,14 @@ def sql(
     from foretoken.adapters.lake.report import sql_shell
 
     where = lake or str(_settings(config).state_path / "demo" / "lake")
+    existing_dir(where, "--lake")
     raise typer.Exit(sql_shell(where, query))
 
 
 @app.command()
 def dashboard(
     lake: str = typer.Option(..., help="The grading lake directory."),
-    port: int = typer.Option(8501, help="Port of the dashboard."),
+    port_: int = typer.Option(8501, "--port", help="Port of the dashboard."),
     host: str | None = typer.Option(None, help="Listen address (default: dashboard.host)."),
     refresh_s: float = typer.Option(0.0, help="Auto-refresh every N seconds (0: off)."),
     config: str | None = ConfigOpt,
@@ -554,9 +552,10 @@ def dashboard(
 
     from foretoken.adapters.dashboard import APP_PATH as app_path
 
+    port("--port", port_)
     address = host or _settings(config).dashboard.host  # Streamlit binds every interface else
     args = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless",
-            "true", "--server.address", address, "--server.port", str(port),
+            "true", "--server.address", address, "--server.port", str(port_),
             "--browser.gatherUsageStats", "false", "--", "--lake", lake]  # fmt: skip
     if refresh_s:
         args += ["--refresh-s", str(refresh_s)]

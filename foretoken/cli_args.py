@@ -34,8 +34,23 @@ def usable_output(path: str | None, option: str, *, directory: bool = False) -> 
         raise typer.Exit(2)
 
 
-def positive(option: str, value: float | None) -> None:
-    """Exit 2 with one line unless ``value`` (when given) is > 0."""
-    if value is not None and not value > 0:
-        _console.print(f"[red]error:[/red] {option} must be > 0, got {value}")
+def positive(*options: tuple[str, float | None]) -> None:
+    """Exit 2 with one line unless every (option, value) given is > 0."""
+    for option, value in options:
+        if value is not None and not value > 0:
+            _console.print(f"[red]error:[/red] {option} must be > 0, got {value}")
+            raise typer.Exit(2)
+
+
+def existing_dir(path: str, option: str) -> None:
+    """Exit 2 with one line unless ``path`` is a directory (a typo used to print an empty
+    report with exit 0, as if the lake held no request)."""
+    if not Path(path).expanduser().is_dir():
+        _console.print(f"[red]error:[/red] {option} {path}: no such directory")
+        raise typer.Exit(2)
+
+
+def port(option: str, value: int) -> None:
+    if not 1 <= value <= 65535:
+        _console.print(f"[red]error:[/red] {option} must be within 1..65535, got {value}")
         raise typer.Exit(2)

@@ -5,21 +5,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from foretoken.cli import app
 
 runner = CliRunner()
 
 
+def _said(result: Result) -> str:
+    return " ".join(result.output.split())  # the console wraps long lines
+
+
 def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path: Path) -> None:
     result = runner.invoke(app, ["bench", "predict", "--trace", "mooncake", "--fleet", "small",
                                  "--json", str(tmp_path / "no" / "such" / "x.json")])  # fmt: skip
-    assert result.exit_code == 2 and "cannot write a file there" in result.output
+    assert result.exit_code == 2 and "cannot write a file there" in _said(result)
     a_file = tmp_path / "file"
     a_file.write_text("x")
     result = runner.invoke(app, ["replay", "--limit", "5", "--out", str(a_file)])
-    assert result.exit_code == 2 and "cannot write a directory there" in result.output
+    assert result.exit_code == 2 and "cannot write a directory there" in _said(result)
 
 
 def test_a_zero_or_negative_rate_is_refused_not_replaced() -> None:
@@ -27,6 +31,15 @@ def test_a_zero_or_negative_rate_is_refused_not_replaced() -> None:
                  ["replay", "--limit", "0"], ["load", "--url", "http://x", "--model", "m",
                                               "--speedup", "0"]):  # fmt: skip
         result = runner.invoke(app, args)
-        assert result.exit_code == 2 and "must be > 0" in result.output, args
+        assert result.exit_code == 2 and "must be > 0" in _said(result), args
     result = runner.invoke(app, ["load", "--url", "notaurl", "--model", "m"])
-    assert result.exit_code == 2 and "--url must start with http" in result.output
+    assert result.exit_code == 2 and "--url must start with http" in _said(result)
+
+
+def test_a_lake_that_is_not_there_is_an_error_not_an_empty_report(tmp_path: Path) -> None:
+    for args in (["report", "--lake", str(tmp_path / "typo")],
+                 ["sql", "select 1", "--lake", str(tmp_path / "typo")]):  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and "no such directory" in _said(result), args
+    result = runner.invoke(app, ["dashboard", "--lake", str(tmp_path), "--port", "99999"])
+    assert result.exit_code == 2 and "--port must be within" in _said(result)
