@@ -143,8 +143,14 @@ def _turns(body: _Base) -> list[tuple[str, str]]:
         if not _off(name, getattr(body, name)):
             raise RequestError(f"{name} is not supported by this router", param=name)
     turns = [("system", _text(body.system, "system"))] if body.system else []
-    turns += [(m.role, _text(m.content, f"messages[{i}].content"))
-              for i, m in enumerate(body.messages)]  # fmt: skip
+    for i, m in enumerate(body.messages):
+        text = _text(m.content, f"messages[{i}].content")
+        if len(turns) > (1 if body.system else 0) and turns[-1][0] == m.role:
+            # Anthropic combines consecutive turns of one role into one; the engines' chat
+            # templates may refuse roles that do not alternate
+            turns[-1] = (m.role, f"{turns[-1][1]}\n\n{text}")
+        else:
+            turns.append((m.role, text))
     return turns
 
 
@@ -160,7 +166,7 @@ def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes]:
         "max_tokens": body.max_tokens, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
-    prefill = _prefill(turns)
+    prefill = _prefill(turns, len(body.messages))
     if prefill:  # the engine continues the assistant's text (vLLM's and SGLang's flags)
         upstream["continue_final_message"], upstream["add_generation_prompt"] = True, False
     for name in ("temperature", "top_p", "top_k"):
@@ -173,15 +179,14 @@ def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes]:
     return body, transcript(turns, generation_prompt=not prefill), _encoder.encode(upstream)
 
 
-def _prefill(turns: list[tuple[str, str]]) -> bool:
+def _prefill(turns: list[tuple[str, str]], messages: int) -> bool:
     """Whether the last turn is the assistant's, to be continued (Anthropic's "prefill"; as
     Anthropic's API, its text may not end in whitespace)."""
     if not turns or turns[-1][0] != "assistant":
         return False
     if turns[-1][1] != turns[-1][1].rstrip():
-        where = f"messages[{len(turns) - 1 - (turns[0][0] == 'system')}].content"
         raise RequestError("final assistant content cannot end with trailing whitespace",
-                           param=where)  # fmt: skip
+                           param=f"messages[{messages - 1}].content")  # fmt: skip
     return True
 
 
@@ -191,7 +196,7 @@ def decode_count_tokens(raw: bytes) -> tuple[CountTokensBody, str]:
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
     turns = _turns(body)
-    return body, transcript(turns, generation_prompt=not _prefill(turns))
+    return body, transcript(turns, generation_prompt=not _prefill(turns, len(body.messages)))
 
 
 def _stop(finish_reason: str | None, stop_reason: Any) -> tuple[str, str | None]:

@@ -312,6 +312,10 @@ class OpenAIStream:
                     continue  # the usage event the router asked for, not the client
                 if chunk.error_message is not None:
                     self.error_sent = True
+                    if chunk.error is None:  # vLLM's top-level {"object": "error", …}: the
+                        # shape the SDKs raise on, else they end the stream without a word
+                        parts.append(sse_error(chunk.error_message))
+                        continue
                 if self.reports_cached and _cached_omitted(chunk.usage):
                     doc = _json.decode(payload)
                     fill_cached(doc.get("usage"))

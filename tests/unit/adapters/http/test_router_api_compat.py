@@ -441,3 +441,35 @@ def test_anthropic_stop_sequence_from_either_engine(field: str, value: Any,
     asyncio.run(relay.send([(msgspec.json.encode(event), None)]))
     answer = relay.answer(Measured(prompt_tokens=10, output_tokens=1, usage_seen=True))
     assert (answer["stop_reason"], answer["stop_sequence"]) == stop
+
+
+def test_consecutive_anthropic_turns_of_one_role_are_one_turn() -> None:
+    """Anthropic combines them; a strict chat template refuses roles that do not alternate."""
+    turns = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+             {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]  # fmt: skip
+    raw = msgspec.json.encode({"model": "m", "max_tokens": 5, "system": "s", "messages": turns})
+    _, text, upstream = decode_messages(raw)
+    sent = json.loads(upstream)["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[1]["content"] == "a\n\nb" and "<|user|> a\n\nb" in text
+
+
+def test_a_top_level_engine_error_event_becomes_one_the_sdks_raise_on() -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    written: list[bytes] = []
+
+    class Sink(web.StreamResponse):
+        async def write(self, data: bytes) -> None:  # type: ignore[override]
+            written.append(bytes(data))
+
+    request = make_mocked_request("POST", "/v1/completions")
+    stream = OpenAIStream(request, Sink(), chat=False, wants_usage=False)
+    payload = b'{"object":"error","message":"out of memory","type":"InternalServerError"}'
+    asyncio.run(stream.send([(payload, read_chunk(payload))]))
+    asyncio.run(stream.close(None))
+    events = b"".join(written).decode()
+    assert '"error": {' in events.replace('":{', '": {') and "out of memory" in events
+    assert events.count("out of memory") == 1 and events.endswith("data: [DONE]\n\n")
