@@ -250,4 +250,4 @@ class LakeSettings(msgspec.Struct, kw_only=True, frozen=True):
     batch_s: Seconds = 1.0
     # Hours closed for this long are compacted to one file, checked this often.
     compact_interval_s: Seconds = 60.0
-    compact_after_s: Duration = 300.0
+    compact_after_s: Signed = 300.0
