@@ -529,8 +529,12 @@ def capacity_speedup(
     engines = fleet.engines_for(_single_model(fleet, model))
     arrivals = np.asarray([r.arrival_s for r in trace], dtype=np.float64)
     duration_s = float(arrivals.max() - arrivals.min()) if len(trace) else 0.0
+    if not len(trace):
+        raise ValueError("the trace has no request this fleet can serve (it is empty, or "
+                         "every prompt is bigger than every engine's KV capacity)")  # fmt: skip
     if duration_s <= 0:
-        raise ValueError("a capacity estimate needs a trace spanning some time")
+        raise ValueError(f"a capacity estimate needs a trace spanning some time: its "
+                         f"{len(trace)} requests all arrive at once")  # fmt: skip
     prompt = np.asarray([r.prompt_tokens for r in trace], dtype=np.float64)
     cached = reused_prefix_tokens(trace).astype(np.float64) if reuse_prefixes else 0.0 * prompt
     capacity_rps = 0.0

@@ -429,11 +429,17 @@ def load_azure(
             pl.col("TIMESTAMP").str.to_datetime(AZURE_TIMESTAMP_FORMAT, time_unit="ns"),
             pl.col("ContextTokens").cast(pl.Int64),
             pl.col("GeneratedTokens").cast(pl.Int64),
-        ).sort("TIMESTAMP", maintain_order=True)
+        )
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise TraceFormatError(f"{source}: {exc}") from exc
     if frame.height == 0:
         return []
+    for column in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"):
+        missing = frame[column].is_null()
+        if missing.any():  # an empty cell (was: "cannot convert float NaN to integer")
+            line = int(missing.arg_true()[0]) + 2  # the header is line 1
+            raise TraceFormatError(f"{source}:{line}: an empty {column} cell")
+    frame = frame.sort("TIMESTAMP", maintain_order=True)
     if frame.select((pl.min("ContextTokens") < 1) | (pl.min("GeneratedTokens") < 1)).item():
         raise TraceFormatError(f"{source}: token counts must be >= 1")
     stamps_ns = frame["TIMESTAMP"].dt.epoch("ns").to_numpy()

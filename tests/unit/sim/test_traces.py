@@ -381,3 +381,13 @@ def test_a_mooncake_block_id_out_of_range_is_a_format_error(tmp_path: Path, ids:
 def test_a_missing_mooncake_trace_is_a_format_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match="no-such"):
         load_mooncake(tmp_path / "no-such.jsonl")
+
+
+def test_an_empty_azure_cell_is_a_format_error_naming_the_line(tmp_path: Path) -> None:
+    """Was: "cannot convert float NaN to integer", naming nothing."""
+    path = tmp_path / "az.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.6805900,374,44\n"
+                    "2023-11-16 18:15:50.9951690,,19\n")  # fmt: skip
+    with pytest.raises(TraceFormatError, match=r"az\.csv:3: an empty ContextTokens cell"):
+        load_azure(path)
