@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from foretoken.cli_args import existing_dir, port, positive, usable_output
+from foretoken.cli_args import existing_dir, fail, port, positive, usable_output
 from foretoken.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -33,8 +33,7 @@ def _settings(config: str | None) -> Settings:
     try:
         return load_settings(config)
     except SettingsError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
 
 
 @config_app.command("show")
@@ -50,8 +49,7 @@ def config_show(
     try:
         settings, sources = load_settings_with_sources(config)
     except SettingsError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
     rows = describe_settings(settings, sources)
     if as_json:
         print(json.dumps([{"key": k, "value": v, "source": src} for k, v, src in rows], indent=1))
@@ -69,8 +67,7 @@ def kafka_up(config: str | None = ConfigOpt) -> None:
     try:
         st, started = up(_settings(config))
     except KafkaError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        raise fail(str(exc), 1) from exc
     # stdout carries one machine-readable word for scripts (the Makefile): started|running|external
     print("started" if started else ("external" if st.external else "running"))
     console.print(st.describe())
@@ -156,8 +153,7 @@ def ingest(
     try:
         listed = load_engines(engines)
     except EnginesConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
     run_ingest(settings, listed)
 
 
@@ -186,15 +182,18 @@ def fleet_run(
     try:
         spec = load_fleet(fleet)
     except FleetSpecError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
+    positive(("--time-scale", time_scale))
     settings = _settings(config)
     out = Path(engines_out) if engines_out else settings.state_path / "engines.toml"
-    asyncio.run(
-        run_fleet(spec, host=host, base_port=base_port, kv_base_port=kv_base_port,
-                  time_scale=time_scale, engines_out=out,
-                  settings=settings if register else None, advertise_host=advertise_host)
-    )  # fmt: skip
+    try:
+        asyncio.run(run_fleet(spec, host=host, base_port=base_port, kv_base_port=kv_base_port,
+                              time_scale=time_scale, engines_out=out,
+                              settings=settings if register else None,
+                              advertise_host=advertise_host))  # fmt: skip
+    except OSError as exc:  # a port another process holds
+        console.print(f"[red]error:[/red] the fleet cannot start: {exc}")
+        raise typer.Exit(1) from exc
 
 
 @app.command()
@@ -214,8 +213,7 @@ def router(
     try:
         listed = load_engines(engines or settings.state_path / "engines.toml")
     except EnginesConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
     run_router(settings, listed, host or settings.router.host, port or settings.router.port)
 
 
@@ -293,8 +291,7 @@ def replay(
             control_settings=settings.controls, settings=settings,
         )  # fmt: skip
     except (ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
     print(dumps(summary))
 
 
@@ -329,8 +326,7 @@ def load(
             duration_s=duration_s, out=out, seed=seed, progress=progress,
         )  # fmt: skip
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
     print(dumps(summary))
 
 
@@ -372,8 +368,7 @@ def bench_predict(
                         limit=limit, seed=seed, matrix=matrix, jobs=jobs, explain=explain,
                         json_path=json_path, routing=routing)  # fmt: skip
     except (ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
 
 
 @bench_app.command("route")
@@ -498,8 +493,7 @@ def bench_client(
         )  # fmt: skip
         report = run_client_bench(cfg)
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc)) from exc
     render(report, Console(stderr=True, width=max(console.width, 110)))
     print(json.dumps(report, indent=1))
 

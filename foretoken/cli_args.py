@@ -54,3 +54,9 @@ def port(option: str, value: int) -> None:
     if not 1 <= value <= 65535:
         _console.print(f"[red]error:[/red] {option} must be within 1..65535, got {value}")
         raise typer.Exit(2)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Say ``message`` as the command's one-line error; the exit to raise."""
+    _console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)

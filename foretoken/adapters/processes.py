@@ -66,3 +66,21 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return proc.returncode
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (another process has it, or the address is
+    not this machine's), or None: a service checks before it starts, so that the mistake is
+    one line, not a library's traceback from deep in its start-up."""
+    import socket
+
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None

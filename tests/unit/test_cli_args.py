@@ -43,3 +43,19 @@ def test_a_lake_that_is_not_there_is_an_error_not_an_empty_report(tmp_path: Path
         assert result.exit_code == 2 and "no such directory" in _said(result), args
     result = runner.invoke(app, ["dashboard", "--lake", str(tmp_path), "--port", "99999"])
     assert result.exit_code == 2 and "--port must be within" in _said(result)
+
+
+def test_a_port_another_process_holds_is_one_line_before_the_service_starts() -> None:
+    import socket
+
+    from foretoken.adapters.processes import port_taken
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        said = port_taken("127.0.0.1", port)
+        assert said is not None and f"127.0.0.1:{port}" in said and "in use" in said
+    assert port_taken("127.0.0.1", port) is None  # free again
+    result = runner.invoke(app, ["fleet", "run", "small", "--time-scale", "0"])
+    assert result.exit_code == 2 and "--time-scale must be > 0" in _said(result)

@@ -36,6 +36,7 @@ from foretoken.adapters.kafka.processor import ProcessorState
 from foretoken.adapters.kafka.producer import fitted_dead_letter, record_key
 from foretoken.adapters.kafka.replica import Rebalancer
 from foretoken.adapters.kafka.transport import FAUST_FETCH, BatchedFetchTransport
+from foretoken.adapters.processes import port_taken
 from foretoken.settings import Settings
 from foretoken.wire.codec import encode
 from foretoken.wire.partitioning import model_partition
@@ -320,6 +321,11 @@ def run_worker(settings: Settings) -> None:
               "(FORETOKEN_ROUTE_TOKEN), which the router sends, or bind 127.0.0.1",
               file=sys.stderr)  # fmt: skip
         raise SystemExit(2)
+    taken = port_taken(settings.worker.web_host, settings.worker.web_port)
+    if taken is not None:
+        print(f"error: the processor {taken} (worker.web_port, FORETOKEN_WEB_PORT)",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(1)
     settings.worker_data_path.mkdir(parents=True, exist_ok=True)
     try:
         if settings.worker.create_topics:

@@ -23,6 +23,7 @@ import hmac
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from foretoken.adapters.http.router.publisher import Publisher
 from foretoken.adapters.http.router.requests import RequestError, decode_openai
 from foretoken.adapters.http.router.routing import Placement, Routing, is_text, options
 from foretoken.adapters.http.tokenizers import Tokenizers
+from foretoken.adapters.processes import port_taken
 from foretoken.core.types import ModelName, RejectReason, WorkerId
 from foretoken.settings import Settings
 from foretoken.wire.records import Grant, Outcome
@@ -563,6 +565,10 @@ def run_router(settings: Settings, engines: list[EngineConfig], host: str, port:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(errors.ClientFaults())
     n = settings.router.processes
+    taken = port_taken(host, port) if n == 1 else None
+    if taken is not None:
+        print(f"error: the router {taken} (--port, router.port)", file=sys.stderr)
+        raise SystemExit(1)
     if n == 1:
         _serve(settings, engines, host, port, reuse_port=False)
         return
