@@ -177,9 +177,15 @@ def polars_accuracy_by_hour(root: Path) -> pl.DataFrame:
     )
     abs_error = pl.col("error_s").abs()
     bound = pl.col("max_queue_wait_s")
-    predicted_within = pl.col("predicted_ttft_s") <= bound
-    actual_within = pl.col("actual_ttft_s") <= bound
-    under = pl.col("admitted") & predicted_within & (pl.col("actual_ttft_s") > bound)
+    waited = pl.col("already_waited_s").fill_null(0.0)
+    predicted_within = waited + pl.col("predicted_ttft_s") <= bound
+    # a request that failed or was given up with no first token past the bound: not within
+    censored = (pl.col("admitted") & pl.col("status").is_in(["error", "cancelled"])
+                & (waited + pl.col("e2e_s") > bound))  # fmt: skip
+    actual_within = (pl.when(pl.col("actual_ttft_s").is_not_null())
+                     .then(pl.col("actual_ttft_s") <= bound)
+                     .when(censored).then(False).otherwise(None))  # fmt: skip
+    under = pl.col("admitted") & predicted_within & actual_within.not_()
     return (
         latest.group_by(HOUR_PARTITION)
         .agg(

@@ -22,7 +22,7 @@ import duckdb
 import polars as pl
 
 from foretoken.adapters.lake.views import connect
-from foretoken.adapters.lake.writer import HOUR_PARTITION, LAKE_TABLE, PART_GLOB, graded_frame
+from foretoken.adapters.lake.writer import LAKE_TABLE, PART_GLOB
 from foretoken.core.cost.fit import MIN_COLD_PROMPT_TOKENS
 
 PARQUET_GLOB: Final = f"*/{PART_GLOB}"  # under LAKE/graded
@@ -44,20 +44,9 @@ def lake_files(lake_dir: str | Path) -> list[Path]:
 
 def open_lake(lake_dir: str | Path) -> duckdb.DuckDBPyConnection:
     """A connection whose ``graded`` view holds the lake's records (the grading views of
-    :mod:`foretoken.adapters.lake.views`: one row per request id, the latest written), or an
-    empty typed ``graded`` table when the lake has no files yet."""
-    if not lake_files(lake_dir):
-        return _empty_lake()
+    :mod:`foretoken.adapters.lake.views`: one row per request id, the latest written; empty,
+    with every column and grade typed, when the lake has no files yet)."""
     return connect(lake_dir)
-
-
-def _empty_lake() -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(":memory:")
-    empty = graded_frame([]).with_columns(pl.lit(None, pl.String).alias(HOUR_PARTITION))
-    con.register("empty_graded", empty)
-    con.execute("CREATE TABLE graded AS SELECT * FROM empty_graded")
-    con.unregister("empty_graded")
-    return con
 
 
 # --------------------------------------------------------------------------- filters
@@ -208,10 +197,9 @@ SELECT
         FILTER ({GRADED_SERVED} AND NOT cache_disagreement) AS within_1s_agreeing,
     avg((abs(error_s) <= 1)::INT)
         FILTER ({GRADED_SERVED} AND cache_disagreement) AS within_1s_disagreeing,
-    count(*) FILTER (admitted AND status = 'served' AND actual_ttft_s IS NOT NULL
-                     AND predicted_ttft_s <= max_queue_wait_s) AS promised,
-    count(*) FILTER (admitted AND predicted_ttft_s <= max_queue_wait_s
-                     AND actual_ttft_s > max_queue_wait_s) AS underpredicted,
+    count(*) FILTER (admitted AND predicted_within_bound AND actual_within_bound IS NOT NULL)
+        AS promised,
+    count(*) FILTER (underprediction) AS underpredicted,
     count(*) FILTER (status = 'served' AND cache_source = 'approximate') AS approximate_credit,
     count(*) FILTER (status = 'served' AND engine_cached_tokens IS NULL) AS reuse_unknown
 FROM g
@@ -321,8 +309,7 @@ SELECT
     avg((abs(error_s) <= 1)::INT) FILTER ({GRADED_SERVED}) AS within_1s,
     avg((abs(error_s) <= 10)::INT) FILTER ({GRADED_SERVED}) AS within_10s,
     avg(cache_disagreement::INT) FILTER (status = 'served') AS disagreement,
-    count(*) FILTER (admitted AND predicted_ttft_s <= max_queue_wait_s
-                     AND actual_ttft_s > max_queue_wait_s) AS underpredicted,
+    count(*) FILTER (underprediction) AS underpredicted,
     quantile_cont(actual_ttft_s, 0.5) FILTER (status = 'served') AS actual_p50_s,
     quantile_cont(actual_ttft_s, 0.95) FILTER (status = 'served') AS actual_p95_s
 FROM g

@@ -1,7 +1,10 @@
-"""The grades of one request (PRODUCT.md §4): ``error_s = predicted − actual``; cache
-disagreement when the credited and engine-reported cached tokens differ by at least one
-block, only where both are known (an engine that reports nothing leaves it unknown, never
-zero)."""
+"""The grades of one request (PRODUCT.md §4): ``error_s = predicted − actual`` for the same
+attempt — the router's actual TTFT counts the time the client already waited (a retry
+after a 429), the grant's prediction does not, so ``error_s = already_waited + predicted −
+actual``; cache disagreement when the credited and engine-reported cached tokens differ by
+at least one block, only where both are known (an engine that reports nothing leaves it
+unknown, never zero) and the grant credited something itself (the router's fallback asks no
+index: its 0 is no estimate)."""
 
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ def _status(
     if not grant.admitted:
         return "rejected"
     if completion is not None and completion.status != "ok":
-        if completion.status == "cancelled" and (first is not None or completion.actual_ttft_s):
-            return "served"  # the client left after its first token: the TTFT still grades
+        if first is not None or completion.actual_ttft_s:
+            return "served"  # it failed or the client left after its first token: it grades
         return completion.status
     if first is None and (completion is None or completion.actual_ttft_s is None):
         return "missing_outcome"
@@ -52,10 +55,11 @@ def grade(
     if grant.worker_id is not None and not reports_cached_of(grant.worker_id):
         engine_cached = None  # unknown reuse: the engine never says
     block = block_size_of(grant.worker_id) if grant.worker_id else None
-    disagreement = None
-    if status == "served" and engine_cached is not None and block:
-        disagreement = abs(grant.cached_tokens - engine_cached) >= block
     predicted = grant.predicted_ttft_s
+    disagreement = None
+    if status == "served" and engine_cached is not None and block and not grant.fallback \
+            and predicted is not None:  # fmt: skip
+        disagreement = abs(grant.cached_tokens - engine_cached) >= block
     fit = grant.fit
     return GradedRequest(
         request_id=grant.request_id,
@@ -73,7 +77,9 @@ def grade(
         queue_wait_s=grant.queue_wait_s,
         prefill_s=grant.prefill_s,
         actual_ttft_s=actual,
-        error_s=None if predicted is None or actual is None else predicted - actual,
+        error_s=None
+        if predicted is None or actual is None
+        else grant.already_waited_s + predicted - actual,
         credited_cached_tokens=grant.cached_tokens,
         engine_cached_tokens=engine_cached,
         block_size=block,

@@ -20,7 +20,7 @@ def summarize(graded: Sequence[GradedRequest]) -> dict[str, Any]:
         1 for g in bounded
         if g.predicted_ttft_s is not None and g.max_queue_wait_s is not None
         and g.actual_ttft_s is not None
-        and g.predicted_ttft_s <= g.max_queue_wait_s < g.actual_ttft_s
+        and g.already_waited_s + g.predicted_ttft_s <= g.max_queue_wait_s < g.actual_ttft_s
     )  # fmt: skip
     abs_err = np.abs(errors)
     return {

@@ -3,7 +3,8 @@
 SELECT
     count(*) FILTER (status = 'served' AND predicted_ttft_p90_s IS NOT NULL
                      AND actual_ttft_s IS NOT NULL) AS graded_p90,
-    avg((actual_ttft_s <= predicted_ttft_p90_s)::INTEGER) FILTER (
+    -- the attempt's TTFT: the actual counts the time already waited, the p90 does not
+    avg((actual_ttft_s - coalesce(already_waited_s, 0) <= predicted_ttft_p90_s)::INTEGER) FILTER (
         status = 'served' AND predicted_ttft_p90_s IS NOT NULL AND actual_ttft_s IS NOT NULL
     ) AS p90_coverage
 FROM graded
