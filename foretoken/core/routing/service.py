@@ -166,7 +166,10 @@ class RouteService:
         if outcome.kind == "first_token" and outcome.actual_ttft_s is not None:
             self._residual(outcome, outcome.actual_ttft_s)
             if scale is not None and outcome.status == "ok":
-                scale.first_token(outcome.request_id, outcome.worker_id, outcome.actual_ttft_s)
+                known = self.decisions.get(outcome.request_id)
+                waited = known.already_waited_s if known is not None else 0.0
+                scale.first_token(outcome.request_id, outcome.worker_id,
+                                  max(0.0, outcome.actual_ttft_s - waited))  # fmt: skip
         sent = self.predictions.sent
         if (
             outcome.status != "ok"
@@ -204,8 +207,11 @@ class RouteService:
         if known.predicted_ttft_s is None or known.fallback:
             return
         default = known.fit.default if known.fit is not None else None
+        # the router's TTFT counts the time the client waited before this attempt; the
+        # prediction is the attempt's
+        attempt_s = max(0.0, actual_s - known.already_waited_s)
         self.quantiles.observe(outcome.request_id, outcome.worker_id, known.predicted_ttft_s,
-                               actual_s, known.queue_wait_s, default)  # fmt: skip
+                               attempt_s, known.queue_wait_s, default)  # fmt: skip
 
     def on_graded(self, graded: GradedRequest, now_s: float) -> bool:
         """Feed the fits with a cold sample; True if this record was one."""
