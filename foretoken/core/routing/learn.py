@@ -223,6 +223,8 @@ class Learner:
         if wid is None or wid not in self.book.profiles:
             return False
         predicted, actual = graded.predicted_ttft_s, graded.actual_ttft_s
+        if actual is not None:  # the attempt's TTFT: the router's counts the time waited
+            actual = max(0.0, actual - graded.already_waited_s)
         if graded.status == "served" and predicted is not None and actual is not None:
             self.quantiles.observe(graded.request_id, wid, predicted, actual,
                                    graded.queue_wait_s, graded.fit_default)  # fmt: skip
@@ -233,7 +235,7 @@ class Learner:
         cached = prefill_sample_cached(graded, others_running=not alone, in_event_time=True)
         if cached is None:
             return False
-        assert graded.actual_ttft_s is not None
+        assert actual is not None
         if tier is not None and tier[0] == wid:
             # a sample of the tier's cost, not of the curve: the two are hard to tell
             # apart in one TTFT (a curve taught by such requests, less a prior load cost
@@ -244,7 +246,7 @@ class Learner:
         # C(N) − C(K) (as busy-chain samples do, alone_sample), so the curve takes them off
         # at the worker's learned step cost (FitRegistry.observe_cold).
         n = graded.prompt_tokens
-        self.fits.observe_cold(wid, profile.config_hash, n, graded.actual_ttft_s, now_s, cached,
+        self.fits.observe_cold(wid, profile.config_hash, n, actual, now_s, cached,
                                _prefill_steps(profile, n, cached))  # fmt: skip
         # On a chunked engine the busy chains already took it, at its first token, as a
         # clean chain (sent to an idle engine); a serial engine's come from here.
@@ -252,7 +254,7 @@ class Learner:
         if chains and not profile.scheduler.chunked_prefill and not self.fits.has_cold_fit(wid):
             cost = step_cost(self.fits, wid)
             sample = alone_sample(profile.scheduler, graded.prompt_tokens, cached,
-                                  graded.actual_ttft_s, cost.step_overhead_s)  # fmt: skip
+                                  actual, cost.step_overhead_s)  # fmt: skip
             self._feed_chain(wid, profile.config_hash, sample, now_s)
         return True
 
@@ -328,7 +330,8 @@ class Learner:
         assert graded.actual_ttft_s is not None
         steps = _prefill_steps(profile, n, cached)
         own = curve.own_prefill_s(n, cached) + steps * self.fits.step_cost(wid).overhead_s
-        self.tier_costs.observe(wid, tier, (graded.actual_ttft_s - own) / tokens)
+        attempt = graded.actual_ttft_s - graded.already_waited_s  # the router's counts the wait
+        self.tier_costs.observe(wid, tier, (attempt - own) / tokens)
 
     def remember_prompt(self, rid: RequestId, wid: WorkerId, chain: np.ndarray) -> None:
         """A prompt sent to a worker without KV events: its own hashes (for the worker's
