@@ -520,6 +520,9 @@ class GradedRequest(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     max_queue_wait_s: float | None = None
     already_waited_s: float = 0.0
     retry_after_s: float | None = None
+    # why it was rejected (RejectReason): only the predictor's own would-be rejections are
+    # ever explored, so only they are scaled by the explore rate (false_alarms view)
+    reject_reason: str | None = None
     output_tokens: int | None = None
     e2e_s: float | None = None
     fit_a: float | None = None
@@ -535,7 +538,7 @@ class GradedRequest(msgspec.Struct, kw_only=True, frozen=True, gc=False):
         by the lake sink too: a stranger's record must not reach Parquet with a time polars
         cannot place or a NaN that skews the views' grades."""
         check_ts("ts", self.ts)
-        for name in ("request_id", "model", "workload_class", "worker_id"):
+        for name in ("request_id", "model", "workload_class", "worker_id", "reject_reason"):
             check_len(name, getattr(self, name))
         for name in ("predicted_ttft_s", "predicted_ttft_p90_s", "actual_ttft_s",
                      "max_queue_wait_s", "already_waited_s", "retry_after_s", "e2e_s"):  # fmt: skip

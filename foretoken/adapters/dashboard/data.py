@@ -214,11 +214,14 @@ class FalseAlarms:
     """Estimated false alarms (rejected, but would have been served within the bound),
     two ways (PRODUCT.md §4). ``rejected``: rejections that carried a bound."""
 
-    rejected: int
-    explore_served: int  # would-be rejections admitted anyway (explore) and served
+    rejected: int  # the predictor's own would-be rejections (the ones explore samples)
+    explore_served: int  # would-be rejections admitted anyway (explore), outcome known
     explore_within: int  # … of which the actual TTFT met the bound
     covered: int  # rejections whose predicted-TTFT bin has enough served samples
     expected_covered: float | None  # Σ P(actual ≤ B | predicted bin) over those
+    # Σ over bounds of rejected × that bound's explore rate (the false_alarms view's sum);
+    # a bound without explores adds nothing (unknown), as in the report
+    explore_sum: float | None = None
 
     @property
     def explore_rate(self) -> float | None:
@@ -226,6 +229,8 @@ class FalseAlarms:
 
     @property
     def explore_estimate(self) -> float | None:
+        if self.explore_sum is not None:
+            return self.explore_sum
         rate = self.explore_rate
         return None if rate is None else rate * self.rejected
 
@@ -237,8 +242,9 @@ class FalseAlarms:
 
     @property
     def distribution_estimate(self) -> float | None:
-        rate = self.distribution_rate
-        return None if rate is None else rate * self.rejected
+        """Over the rejections the served requests can speak for (their bin has support),
+        not extrapolated to the others (nor to rejections without a prediction)."""
+        return self.expected_covered if self.covered else None
 
 
 def false_alarms(
@@ -266,13 +272,20 @@ def false_alarms(
     FROM rejected r LEFT JOIN served s USING (bin)
     GROUP BY r.bin, r.bound
 )
+, per_bound AS (
+    SELECT max_queue_wait_s AS bound,
+           count(*) FILTER (NOT admitted AND NOT fallback AND coalesce(reject_reason,
+               'predicted_ttft_exceeds_bound') IN ('predicted_ttft_exceeds_bound',
+               'prefill_exceeds_bound', 'overloaded')) AS rejected,
+           count(*) FILTER (admitted AND explore AND status <> 'missing_outcome') AS explored,
+           count(*) FILTER (admitted AND explore AND actual_within_bound) AS within
+    FROM b WHERE max_queue_wait_s IS NOT NULL GROUP BY 1
+)
 SELECT
-    (SELECT count(*) FROM b WHERE status = 'rejected' AND max_queue_wait_s IS NOT NULL)
-        AS rejected,
-    (SELECT count(*) FROM b WHERE explore AND status = 'served'
-        AND max_queue_wait_s IS NOT NULL) AS explore_served,
-    (SELECT count(*) FROM b WHERE explore AND status = 'served'
-        AND actual_ttft_s <= max_queue_wait_s) AS explore_within,
+    (SELECT coalesce(sum(rejected), 0) FROM per_bound) AS rejected,
+    (SELECT coalesce(sum(explored), 0) FROM per_bound) AS explore_served,
+    (SELECT coalesce(sum(within), 0) FROM per_bound) AS explore_within,
+    (SELECT sum(rejected * within / explored) FROM per_bound WHERE explored > 0) AS explore_sum,
     (SELECT coalesce(sum(n), 0) FROM per_bin WHERE support >= ?) AS covered,
     (SELECT sum(n * p_within) FROM per_bin WHERE support >= ?) AS expected_covered
 """
@@ -285,6 +298,7 @@ SELECT
         explore_within=int(row["explore_within"]),
         covered=int(row["covered"]),
         expected_covered=row["expected_covered"],
+        explore_sum=row["explore_sum"],
     )
 
 

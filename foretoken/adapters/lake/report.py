@@ -180,8 +180,9 @@ def _headline(summary: Mapping[str, Any]) -> Table:
     table.add_column("value", justify="right")
     lines = [
         ("requests (one per request id)", _num(totals["requests"])),
-        ("served / rejected / errors", "/".join(
-            _num(totals[k]) for k in ("served", "rejected", "errors"))),
+        ("served / rejected / errors / cancelled / no outcome", "/".join(
+            _num(totals[k])
+            for k in ("served", "rejected", "errors", "cancelled", "missing_outcome"))),
         ("explore admissions", _num(totals["explore_admitted"])),
         ("files / hours", f"{summary['files']:,} / {totals['hours']:,}"),
         ("graded (served with a prediction)", _num(acc["graded"])),

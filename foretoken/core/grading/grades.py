@@ -87,6 +87,7 @@ def grade(
         max_queue_wait_s=grant.max_queue_wait_s,
         already_waited_s=grant.already_waited_s,
         retry_after_s=grant.retry_after_s,
+        reject_reason=grant.reject_reason,
         output_tokens=completion.output_tokens if completion is not None else None,
         e2e_s=completion.e2e_s if completion is not None else None,
         fit_a=fit.a if fit else None,

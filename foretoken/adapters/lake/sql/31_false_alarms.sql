@@ -1,15 +1,25 @@
 -- False alarms, the direct estimate (PRODUCT.md §4). A false alarm is a rejected request
 -- that would have been served within its bound B; a rejected request never gets a TTFT, so
 -- a small random fraction of would-be rejections is admitted anyway, flagged explore.
--- Per B: the fraction of explore admissions served within B (any other outcome counts as
--- not within) with its 95% Wilson score interval, and the estimated false alarms among the
--- rejected = rejected × that fraction (interval scaled alike). The model-based estimate
--- (from served requests) is grading/false_alarms.py.
+-- Per B: the fraction of explore admissions within B (an error or a cancellation counts as
+-- not within; one whose outcome never came is left out) with its 95% Wilson score
+-- interval, and the estimated false alarms among the rejected = rejected × that fraction
+-- (interval scaled alike). Only the predictor's own would-be rejections are ever explored
+-- (reasons predicted_ttft_exceeds_bound, prefill_exceeds_bound, overloaded; not the
+-- router's fallback): the others — no worker can hold the prompt, no worker serves the
+-- model, the latency controls shed the class — are counted apart (rejected_not_explored),
+-- never scaled by a rate they were not sampled for. A record from before reject_reason was
+-- kept counts as explorable. The model-based estimate (from served requests) is
+-- grading/false_alarms.py.
 WITH per_bound AS (
     SELECT
         max_queue_wait_s AS bound_s,
-        count(*) FILTER (NOT admitted) AS rejected,
-        count(*) FILTER (admitted AND explore) AS explore_admitted,
+        count(*) FILTER (NOT admitted AND NOT fallback AND coalesce(reject_reason,
+            'predicted_ttft_exceeds_bound') IN ('predicted_ttft_exceeds_bound',
+            'prefill_exceeds_bound', 'overloaded')) AS rejected,
+        count(*) FILTER (NOT admitted) AS rejected_all,
+        count(*) FILTER (admitted AND explore AND status <> 'missing_outcome')
+            AS explore_admitted,
         count(*) FILTER (admitted AND explore AND actual_within_bound) AS explore_within
     FROM graded
     WHERE max_queue_wait_s IS NOT NULL
@@ -40,6 +50,7 @@ bounded AS (  -- greatest/least skip NULLs: no explore admission leaves the inte
 SELECT
     bound_s,
     rejected,
+    rejected_all - rejected AS rejected_not_explored,
     explore_admitted,
     explore_within,
     p AS within_fraction,

@@ -87,3 +87,54 @@ def test_the_views_grade_retries_and_count_misses_with_no_first_token(tmp_path: 
     assert by_id["gone"]["underprediction"] and by_id["died"]["underprediction"]
     assert by_id["quick"]["actual_within_bound"] is None  # failed early: unknown, not a miss
     assert (under["promised"], under["underpredictions"]) == (4, 3)  # gone, died, late / +fine
+
+
+def test_only_rejections_explore_samples_are_scaled_by_its_rate(tmp_path: Path) -> None:
+    """B = 10: 10 explore admissions all within, 10 rejections on the prediction and 90 that
+    no worker could hold (never explored): at most 10 false alarms, not 100; the dashboard
+    says what the view says."""
+    from foretoken.adapters.dashboard import data
+
+    records = [
+        _graded(
+            _grant(f"x{i}", predicted=12.0, explore=True),
+            _first(f"x{i}", 5.0),
+            _done(f"x{i}", e2e=6.0),
+        )
+        for i in range(10)
+    ]
+    records += [
+        _graded(
+            _grant(
+                f"r{i}",
+                predicted=12.0,
+                admitted=False,
+                worker_id=None,
+                reject_reason="predicted_ttft_exceeds_bound",
+            ),
+            None,
+            None,
+        )
+        for i in range(10)
+    ]
+    records += [
+        _graded(
+            _grant(
+                f"k{i}",
+                predicted=None,
+                admitted=False,
+                worker_id=None,
+                reject_reason="prompt_exceeds_kv_capacity",
+            ),
+            None,
+            None,
+        )
+        for i in range(90)
+    ]
+    write_lake(records, tmp_path)
+    with connect(tmp_path) as con:
+        (row,) = rows(con, "SELECT * FROM false_alarms")
+        dashboard = data.false_alarms(con, data.Filters())
+    assert (row["rejected"], row["rejected_not_explored"]) == (10, 90)
+    assert row["estimated_false_alarms"] == 10.0
+    assert dashboard.explore_estimate == 10.0
