@@ -207,9 +207,11 @@ def _bounds_table(summary: Mapping[str, Any]) -> Table:
     for name in ("pred≤B act≤B", "pred≤B act>B", "pred>B act≤B", "pred>B act>B"):
         table.add_column(name, justify="right")
     table.add_column("false alarms: explore [95%]", justify="right")
+    table.add_column("not explorable", justify="right")  # rejections no delay could turn
     table.add_column("false alarms: model [95%]", justify="right")
     for row in summary["bounds"]:
         fa = row["false_alarms"]
+        direct = fa["direct"] or {}
         table.add_row(
             f"{row['bound_s']:g} s",
             _num(row["admitted"]),
@@ -223,6 +225,7 @@ def _bounds_table(summary: Mapping[str, Any]) -> Table:
             _num(row["predicted_over_actual_over"]),
             _interval(fa["direct"], "estimated_false_alarms",
                       "estimated_false_alarms_lo", "estimated_false_alarms_hi"),
+            _num(direct.get("rejected_not_explored")),
             _interval(fa["model_based"], "estimated_false_alarms", "lo", "hi"),
         )  # fmt: skip
     return table
