@@ -15,7 +15,7 @@ token, then ``[DONE]``), ``__stub_break__`` (the connection dropped after the fi
 ``__stub_echo_headers__`` (the first token's text is the request's headers as JSON),
 ``__stub_echo_body__`` (one token per choice of ``n``, choice 0's text the body as received),
 ``__stub_crlf__`` (the stream's lines end in CRLF), ``__stub_429__`` (a 429 with
-``Retry-After: 7``), ``__stub_slow__`` (8 tokens 0.4 s apart), ``__stub_stall__`` (one token,
+``Retry-After: 7``), ``__stub_slow__`` (8 tokens 0.5 s apart), ``__stub_stall__`` (one token,
 then silence). ``/metrics`` counts the requests served and the ones whose connection the
 client closed before the answer was complete (``aborted``: what a real engine aborts).
 
@@ -213,26 +213,15 @@ class StubProtocol(asyncio.Protocol):
             self.busy = True
             self.transport.write(e.answers.stream_head + (e.answers.role if chat else b""))
             if b"__stub_slow__" in body:
-                e.loop.call_later(0.0, self._drip, chat, 8, 0.4)
+                e.loop.call_later(0.0, self._token, chat, 8, 8, False, 0.5)
             else:  # one token, then nothing until the client closes
                 self.transport.write(one)
             return True
         return False
 
-    def _drip(self, chat: bool, left: int, gap_s: float) -> None:
-        t, e = self.transport, self.engine
-        if t is None or t.is_closing():
-            self._free()
-            return
-        if left > 0:
-            t.write(e.answers.chat if chat else e.answers.text)
-            e.loop.call_later(gap_s, self._drip, chat, left - 1, gap_s)
-            return
-        t.write((e.answers.chat_end if chat else e.answers.text_end) + e.answers.done)
-        e.served += 1
-        self._free()
-
-    def _token(self, chat: bool, left: int, n: int, usage: bool) -> None:
+    def _token(self, chat: bool, left: int, n: int, usage: bool,
+               gap_s: float | None = None) -> None:  # fmt: skip
+        """The next token ``gap_s`` (default ``--itl-ms``) after this one; then the end."""
         t, e = self.transport, self.engine
         if t is None or t.is_closing():
             self._free()
@@ -240,7 +229,8 @@ class StubProtocol(asyncio.Protocol):
         if left > 0:
             t.write(e.answers.chat if chat else e.answers.text)
             if left > 1:
-                e.loop.call_later(e.itl_s, self._token, chat, left - 1, n, usage)
+                gap = e.itl_s if gap_s is None else gap_s
+                e.loop.call_later(gap, self._token, chat, left - 1, n, usage, gap_s)
                 return
         tail = e.answers.chat_end if chat else e.answers.text_end
         t.write(tail + (e.answers.usage(n, chat) if usage else b"") + e.answers.done)

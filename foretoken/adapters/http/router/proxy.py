@@ -207,10 +207,8 @@ async def forward(
         raise
     except TimeoutError:  # aiohttp's read and connect timeouts are TimeoutErrors too
         m.timed_out = True
-        error = (
-            f"the engine sent nothing for {timeout.sock_read or timeout.total:g} s "
-            "(router.engine_timeout_s)"
-        )
+        silent = timeout.sock_read or timeout.total or 0.0
+        error = f"the engine sent nothing for {silent:g} s (router.engine_timeout_s)"
     except aiohttp.ClientError as exc:
         error = f"engine stream broke: {type(exc).__name__}: {exc}".rstrip(": ")
     m.done_s = time.monotonic()
