@@ -173,6 +173,9 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     fallback_retry_after_s: Duration = 1.0
     # model -> path of a Hugging Face tokenizer.json; other models use the built-in one.
     tokenizers: dict[str, str] = {}
+    # model -> its chat template (Jinja, or JSON holding chat_template); default: the engines
+    # file's, else the one beside the model's tokenizer.json.
+    chat_templates: dict[str, str] = {}
 
 
 class IngestSettings(msgspec.Struct, kw_only=True, frozen=True):

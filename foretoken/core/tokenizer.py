@@ -43,8 +43,9 @@ class SimTokenizer:
         self._span = np.uint64(vocab_size - RESERVED_IDS)
         self._native = _native_ids if native and vocab_size < 2**32 else None
 
-    def encode_array(self, text: str) -> np.ndarray:
-        """The token ids as a ``uint32`` array."""
+    def encode_array(self, text: str, special: bool = False) -> np.ndarray:
+        """The token ids as a ``uint32`` array (``special`` changes nothing: this tokenizer
+        has no special tokens to add)."""
         if text.isascii():
             data = text.encode()
             if self._native is not None:

@@ -19,11 +19,13 @@ import anthropic
 import httpx
 import openai
 import pytest
+from tokenizers import Tokenizer as HFTokenizers
 
 from foretoken.adapters.processes import foretoken_cmd, spawn, stop, wait_http
 from foretoken.settings import Settings
 from tests.conftest import free_port
 from tests.integration.stub_router import MODEL, StubRouter, stub_engines, stub_router
+from tests.unit.adapters.http.test_chat_template import LLAMA, _model_dir
 
 pytestmark = pytest.mark.integration
 ECHO = "__stub_echo_body__"
@@ -287,6 +289,40 @@ def test_keys_in_either_header(kafka_settings: Settings, engines: Path, tmp_path
             _anthropic(r.url, "bad").messages.create(**body)
         with pytest.raises(openai.AuthenticationError):
             _openai(r.url, "bad").chat.completions.create(**body)
+
+
+def test_chats_are_counted_through_the_model_chat_template(
+    kafka_settings: Settings, engines: Path, tmp_path: Path
+) -> None:
+    """An engines file naming the model's tokenizer.json (a model directory with a chat
+    template in tokenizer_config.json): the router counts a chat as the engine renders and
+    tokenizes it, and a conversation the template refuses is the engine's 400, in each
+    API's shape."""
+    model_dir = _model_dir(tmp_path / "model", LLAMA)
+    text = tomllib.loads(engines.read_text())
+    path = json.dumps(str(model_dir / "tokenizer.json"))
+    lines = engines.read_text().replace("[[engines]]\n", f"[[engines]]\ntokenizer = {path}\n")
+    assert lines.count("tokenizer =") == len(text["engines"])
+    templated = tmp_path / "engines.toml"
+    templated.write_text(lines)
+    with stub_router(kafka_settings, tmp_path, templated) as r:
+        hf = HFTokenizers.from_file(str(model_dir / "tokenizer.json"))
+        rendered = ("<s><|start_header_id|>user<|end_header_id|>\n\nhello there<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")  # fmt: skip
+        counted = _anthropic(r.url).messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "hello there"}])  # fmt: skip
+        ids = hf.encode(rendered, add_special_tokens=False).ids
+        assert counted.input_tokens == len(ids) == 10
+        hello = [{"role": "user", "content": "hello there"}]
+        answer = _openai(r.url).chat.completions.create(model=MODEL, max_tokens=2, messages=hello)
+        assert answer.choices[0].message.content
+        twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+        with pytest.raises(openai.BadRequestError, match="roles must alternate"):
+            _openai(r.url).chat.completions.create(model=MODEL, max_tokens=2, messages=twice)
+        with pytest.raises(anthropic.BadRequestError, match="roles must alternate"):
+            _anthropic(r.url).messages.create(model=MODEL, max_tokens=2, messages=[
+                {"role": "assistant", "content": "x"}])  # fmt: skip
+    assert "Traceback" not in r.log_text()
 
 
 # ---------------------------------------------------------------------------- simulated fleet

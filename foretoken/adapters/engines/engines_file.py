@@ -8,6 +8,7 @@ TOML, one ``[[engines]]`` table each::
     engine = "vllm"            # vllm | sglang | llamacpp
     engine_version = "0.11.0"
     tokenizer = "/path/tokenizer.json"   # optional: how the router counts this model's tokens
+    chat_template = "/path/template.jinja"   # optional: default, the one beside the tokenizer
     block_size = 16
     http_url = "http://127.0.0.1:8101"
     kv_events_url = "tcp://127.0.0.1:5557"   # absent (or kv_events = false): no KV events
@@ -85,6 +86,9 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
     request_id_header: bool = True
     # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
     tokenizer: str | None = None
+    # The model's chat template (a Jinja file, or JSON holding chat_template), as the engine
+    # was started with; default: the one beside the tokenizer.json (tokenizer_config.json).
+    chat_template: str | None = None
 
     def fits_prompt(self, prompt_tokens: int) -> bool:
         """Whether this engine can take a prompt at all (KV capacity and context length)."""
@@ -176,9 +180,10 @@ def _check_engine(engine: EngineConfig, index: int) -> None:
         if url is not None and not url.startswith(schemes):
             raise EnginesConfigError(f"{name} must start with {' or '.join(schemes)}, got "
                                      f"{url[:80]!r} - at `{where}.{name}`")  # fmt: skip
-    if engine.tokenizer is not None and not Path(engine.tokenizer).expanduser().is_file():
-        raise EnginesConfigError(f"tokenizer {engine.tokenizer!r} is not a file - at "
-                                 f"`{where}.tokenizer`")  # fmt: skip
+    for name in ("tokenizer", "chat_template"):
+        path = getattr(engine, name)
+        if path is not None and not Path(path).expanduser().is_file():
+            raise EnginesConfigError(f"{name} {path!r} is not a file - at `{where}.{name}`")
     try:
         engine.registration(ts=0.0)  # what the workers topic will hold, checked now
     except ValueError as exc:

@@ -154,21 +154,20 @@ def _turns(body: _Base) -> list[tuple[str, str]]:
     return turns
 
 
-def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes]:
-    """The body, the transcript to tokenize, and the engine's chat completion body."""
+def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes, dict[str, Any]]:
+    """The body, the built-in transcript, the engine's chat completion body, and its chat
+    (messages and flags: what a chat template renders)."""
     try:
         body = _messages.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
     turns = _turns(body)
+    prefill = _prefill(turns, len(body.messages))
+    chat = _chat(turns, prefill)
     upstream: dict[str, Any] = {
-        "model": body.model, "messages": [{"role": r, "content": t} for r, t in turns],
-        "max_tokens": body.max_tokens, "stream": True,
+        "model": body.model, **chat, "max_tokens": body.max_tokens, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
-    prefill = _prefill(turns, len(body.messages))
-    if prefill:  # the engine continues the assistant's text (vLLM's and SGLang's flags)
-        upstream["continue_final_message"], upstream["add_generation_prompt"] = True, False
     for name in ("temperature", "top_p", "top_k"):
         if getattr(body, name) is not None:
             upstream[name] = getattr(body, name)
@@ -176,7 +175,16 @@ def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes]:
         upstream["stop"] = body.stop_sequences
     if body.metadata is not None and body.metadata.user_id:
         upstream["user"] = body.metadata.user_id
-    return body, transcript(turns, generation_prompt=not prefill), _encoder.encode(upstream)
+    return body, transcript(turns, generation_prompt=not prefill), _encoder.encode(upstream), chat
+
+
+def _chat(turns: list[tuple[str, str]], prefill: bool) -> dict[str, Any]:
+    """The chat completion's messages, and, for a prefill, the flags with which the engine
+    continues the assistant's text (vLLM's and SGLang's)."""
+    chat: dict[str, Any] = {"messages": [{"role": r, "content": t} for r, t in turns]}
+    if prefill:
+        chat["continue_final_message"], chat["add_generation_prompt"] = True, False
+    return chat
 
 
 def _prefill(turns: list[tuple[str, str]], messages: int) -> bool:
@@ -190,13 +198,14 @@ def _prefill(turns: list[tuple[str, str]], messages: int) -> bool:
     return True
 
 
-def decode_count_tokens(raw: bytes) -> tuple[CountTokensBody, str]:
+def decode_count_tokens(raw: bytes) -> tuple[CountTokensBody, str, dict[str, Any]]:
     try:
         body = _count.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
     turns = _turns(body)
-    return body, transcript(turns, generation_prompt=not _prefill(turns, len(body.messages)))
+    prefill = _prefill(turns, len(body.messages))
+    return body, transcript(turns, generation_prompt=not prefill), _chat(turns, prefill)
 
 
 def _stop(finish_reason: str | None, stop_reason: Any) -> tuple[str, str | None]:

@@ -27,7 +27,6 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -89,14 +88,6 @@ class RouterMetrics:
         )  # fmt: skip
 
 
-def _api_keys(settings: Settings) -> tuple[bytes, ...]:
-    keys = list(settings.router.api_keys)
-    if settings.router.api_keys_file:
-        text = Path(settings.router.api_keys_file).expanduser().read_text()
-        keys += [line.strip() for line in text.splitlines() if line.strip()]
-    return tuple(k.encode() for k in keys)
-
-
 @dataclass
 class RouterState:
     settings: Settings
@@ -113,7 +104,7 @@ class RouterState:
             self.settings, self.engines, on_fallback=lambda r: fallbacks.labels(r).inc()
         )
         self.models = sorted({e.model for e in self.engines.values()})
-        self.keys = _api_keys(self.settings)
+        self.keys = edge.api_keys(self.settings)
         self.forward_headers = tuple(h.lower() for h in cfg.forward_headers)
         # An idle timeout, not a total one: a healthy stream (a long answer) is never cut;
         # an engine silent for engine_timeout_s (before its first token, or mid-stream) is.
@@ -160,10 +151,11 @@ async def off_loop(state: RouterState, size: int, fn: Callable[..., Any], *args:
     return fn(*args)
 
 
-async def tokens_of(state: RouterState, model: str, text: str | None,
-                    ids: np.ndarray | None, param: str) -> np.ndarray:  # fmt: skip
+async def tokens_of(state: RouterState, model: str, text: str | None, ids: np.ndarray | None,
+                    param: str, special: bool = False) -> np.ndarray:  # fmt: skip
     limit = state.settings.router.max_prompt_tokens
-    tokens = ids if ids is not None else await state.tokenizers.encode(model, text or "", limit)
+    tokens = (ids if ids is not None
+              else await state.tokenizers.encode(model, text or "", limit, special))  # fmt: skip
     if len(tokens) == 0:
         raise RequestError(f"{param} has no tokens (empty or whitespace only)", param=param)
     if len(tokens) > limit:
@@ -302,8 +294,10 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
         d = await off_loop(state, len(raw), decode_openai, raw, chat,
                            state.settings.router.max_output_tokens)  # fmt: skip
         check_model(state, d.body.model)
-        tokens = await tokens_of(state, d.body.model, d.text, d.token_ids,
-                                 "messages" if chat else "prompt")  # fmt: skip
+        text = (await state.tokenizers.chat_text(d.body.model, d.text or "", d.json_fields,
+                                                 len(raw)) if chat else d.text)  # fmt: skip
+        tokens = await tokens_of(state, d.body.model, text, d.token_ids,
+                                 "messages" if chat else "prompt", d.special_tokens)  # fmt: skip
         p = await place(state, request, d.body, tokens, d.max_output_tokens)
         routed = await route(state, p, False)
     except RequestError as exc:
@@ -349,8 +343,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return unauthorized(True)
     try:
         raw = await edge.read_body(request, state.settings)
-        body, text, upstream = await off_loop(state, len(raw), anthropic.decode_messages, raw)
+        body, text, upstream, chat = await off_loop(state, len(raw), anthropic.decode_messages,
+                                                    raw)  # fmt: skip
         check_model(state, body.model)
+        text = await state.tokenizers.chat_text(body.model, text, lambda: chat, len(raw))
         limit = state.settings.router.max_output_tokens
         if body.max_tokens > limit:
             raise RequestError(f"max_tokens must be at most {limit} (router.max_output_tokens)",
@@ -392,8 +388,9 @@ async def count_tokens(request: web.Request) -> web.Response:
         return unauthorized(True)
     try:
         raw = await edge.read_body(request, state.settings)
-        body, text = await off_loop(state, len(raw), anthropic.decode_count_tokens, raw)
+        body, text, chat = await off_loop(state, len(raw), anthropic.decode_count_tokens, raw)
         check_model(state, body.model)
+        text = await state.tokenizers.chat_text(body.model, text, lambda: chat, len(raw))
         tokens = await state.tokenizers.encode(body.model, text)
     except RequestError as exc:
         return refused(state, exc, True)
@@ -457,16 +454,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="text/plain")
 
 
-def _tokenizer_paths(settings: Settings, engines: list[EngineConfig]) -> dict[str, str]:
-    """Model → tokenizer.json: the engines file's, overridden by the settings'."""
-    return {e.model: e.tokenizer for e in engines if e.tokenizer} | settings.router.tokenizers
-
-
 def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application:
     cfg = settings.router
     app = web.Application(client_max_size=cfg.max_body_bytes,
                           middlewares=[edge.request_ids, errors.json_http_errors])  # fmt: skip
-    tokenizers = Tokenizers(_tokenizer_paths(settings, engines), cfg.tokenize_off_loop_chars)
+    tokenizers = Tokenizers.of(engines, cfg.tokenizers, cfg.chat_templates,
+                               cfg.tokenize_off_loop_chars)  # fmt: skip
     state = RouterState(settings, {e.worker_id: e for e in engines},
                         Publisher(settings, cfg.publish_buffer), tokenizers=tokenizers)  # fmt: skip
     app[STATE] = state

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import msgspec
 from aiohttp import web
@@ -177,3 +178,13 @@ def engine_refusal(m: Measured, anthropic: bool, request_id: str) -> web.Respons
         param = given_param if isinstance(given_param, str) else None
         code = given_code if isinstance(given_code, (str, int)) else None
     return errors.openai_error(status, message, kind, code, param, headers)
+
+
+def api_keys(settings: Settings) -> tuple[bytes, ...]:
+    """The keys a client may present: ``router.api_keys`` and the lines of
+    ``router.api_keys_file``."""
+    keys = list(settings.router.api_keys)
+    if settings.router.api_keys_file:
+        text = Path(settings.router.api_keys_file).expanduser().read_text()
+        keys += [line.strip() for line in text.splitlines() if line.strip()]
+    return tuple(k.encode() for k in keys)

@@ -72,6 +72,9 @@ class _Common(msgspec.Struct, kw_only=True):
     best_of: Count | None = None
     use_beam_search: bool | None = False
     prompt_logprobs: Any = None  # vLLM's (read to refuse it unstreamed; forwarded as sent)
+    # vLLM's: a prompt's tokens with the tokenizer's special ones (completions: yes; chats:
+    # no, the template writes them); read to tokenize as the engine does, forwarded as sent
+    add_special_tokens: bool | None = None
     # foretoken's own (never forwarded)
     max_queue_wait_s: float | None = None
     already_waited_s: float | None = None
@@ -114,6 +117,7 @@ _chat = msgspec.json.Decoder(ChatBody)
 _encoder = msgspec.json.Encoder()
 _STREAM_ON = msgspec.Raw(b"true")
 _raw_options = msgspec.json.Decoder(dict[str, msgspec.Raw] | None)
+_any = msgspec.json.Decoder()
 
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -156,6 +160,17 @@ class Decoded:
     token_ids: np.ndarray | None
     upstream: bytes
     wants_usage: bool
+    fields: dict[str, msgspec.Raw]
+
+    @property
+    def special_tokens(self) -> bool:
+        """Whether the prompt's text is tokenized with the tokenizer's special tokens."""
+        given = self.body.add_special_tokens
+        return given if given is not None else not self.chat
+
+    def json_fields(self) -> dict[str, Any]:
+        """The body's fields as JSON values (what a chat template reads)."""
+        return {k: _any.decode(v) for k, v in self.fields.items()}
 
     @property
     def max_output_tokens(self) -> int | None:
@@ -179,7 +194,7 @@ def decode_openai(raw: bytes, chat: bool, max_output_tokens: int) -> Decoded:
     usage = body.stream_options is not None and bool(body.stream_options.include_usage)
     upstream = upstream_body(fields, options)
     return Decoded(body=body, chat=chat, text=text, token_ids=ids, upstream=upstream,
-                   wants_usage=usage)  # fmt: skip
+                   wants_usage=usage, fields=fields)  # fmt: skip
 
 
 def _check_common(body: Body, max_output_tokens: int) -> None:

@@ -119,7 +119,7 @@ def _messages(**fields: Any) -> bytes:
 def test_anthropic_cache_control_and_sampling_are_taken() -> None:
     system = [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]
     content = [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]
-    body, _, upstream = decode_messages(_messages(
+    body, _, upstream, _ = decode_messages(_messages(
         system=system, messages=[{"role": "user", "content": content}], stop_sequences=["x"],
         metadata={"user_id": "u1"}, temperature=0.5, top_p=0.9, top_k=5, stream=None,
     ))  # fmt: skip
@@ -362,13 +362,13 @@ def test_an_anthropic_assistant_prefill_is_continued_not_a_new_turn() -> None:
     the engine prefills: no assistant prompt after the prefill."""
     turns = [{"role": "user", "content": "json?"}, {"role": "assistant", "content": '{"a":'}]
     raw = msgspec.json.encode({"model": "m", "max_tokens": 5, "messages": turns})
-    _, text, upstream = decode_messages(raw)
+    _, text, upstream, _ = decode_messages(raw)
     doc = json.loads(upstream)
     assert doc["continue_final_message"] is True and doc["add_generation_prompt"] is False
     assert text.endswith('<|assistant|> {"a":')
     assert decode_count_tokens(msgspec.json.encode({"model": "m", "messages": turns}))[1] == text
     plain = msgspec.json.encode({"model": "m", "max_tokens": 5, "messages": turns[:1]})
-    _, text, upstream = decode_messages(plain)
+    _, text, upstream, _ = decode_messages(plain)
     assert "continue_final_message" not in json.loads(upstream)
     assert text.endswith("<|assistant|>")
     spaced = [turns[0], {"role": "assistant", "content": "Sure, "}]
@@ -448,7 +448,7 @@ def test_consecutive_anthropic_turns_of_one_role_are_one_turn() -> None:
     turns = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
              {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]  # fmt: skip
     raw = msgspec.json.encode({"model": "m", "max_tokens": 5, "system": "s", "messages": turns})
-    _, text, upstream = decode_messages(raw)
+    _, text, upstream, _ = decode_messages(raw)
     sent = json.loads(upstream)["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[1]["content"] == "a\n\nb" and "<|user|> a\n\nb" in text

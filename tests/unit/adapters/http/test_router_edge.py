@@ -94,7 +94,7 @@ def test_anthropic_messages_become_the_chat_the_engine_streams() -> None:
             "metadata": {"user_id": "u1"},
         }
     ).encode()
-    _, text, upstream = decode_messages(raw)
+    _, text, upstream, _ = decode_messages(raw)
     up = json.loads(upstream)
     assert up["messages"] == [
         {"role": "system", "content": "be brief"},
@@ -102,7 +102,7 @@ def test_anthropic_messages_become_the_chat_the_engine_streams() -> None:
     ]
     assert up["stop"] == ["END"] and up["user"] == "u1" and up["max_tokens"] == 5
     assert up["stream"] is True and text == chat_to_text(up["messages"])
-    _, counted = decode_count_tokens(b'{"model":"m","messages":[{"role":"user","content":"a"}]}')
+    _, counted, _ = decode_count_tokens(b'{"model":"m","messages":[{"role":"user","content":"a"}]}')
     assert counted == chat_to_text([{"role": "user", "content": "a"}])
     with pytest.raises(RequestError, match="image"):
         decode_messages(
