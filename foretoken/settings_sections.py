@@ -84,6 +84,9 @@ class WorkerSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Create missing topics at start (the local default); false = only wait for them.
     create_topics: bool = True
     log_level: Literal["crit", "error", "warn", "info", "debug"] = "warn"
+    # The event loop Faust runs on: uvloop (libuv: the socket reads and writes of the route
+    # page and the Kafka clients in C) or Python's own asyncio loop.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     # The cache index is snapshotted this often (plus on a clean stop).
     snapshot_interval_s: Seconds = 10.0
     # Kafka consumer-group session: how long a killed worker's partitions stay assigned.

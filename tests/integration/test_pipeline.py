@@ -104,7 +104,9 @@ def test_malformed_bytes_go_to_dead_letter_and_the_worker_keeps_running(
         return all(got.get(k, 0) - was.get(k, 0) >= v for k, v in sent.items())
 
     stats = _wait_for(f"{faust_worker.url}/v1/stats", good_ones_too)
-    assert get_json(f"{faust_worker.url}/healthz")["status"] == "ok"
+    health = get_json(f"{faust_worker.url}/healthz")
+    assert health["status"] == "ok"
+    assert health["event_loop"] == "uvloop"  # worker.event_loop's default
     dead_by_topic = _dead_letter_metric(_metrics(faust_worker.url))
     assert set(dead_by_topic) >= set(INPUT_TOPICS)
     assert all(v >= 1 for v in dead_by_topic.values())

@@ -347,6 +347,10 @@ def run_worker(settings: Settings) -> None:
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
+    if settings.worker.event_loop == "uvloop":
+        import mode.loop
+
+        mode.loop.use("uvloop")  # before Faust makes its loop (and its consumer thread's)
     app, state = create_app(settings, keeper)
     if load_fits(settings, state.fits):
         log.info("restored the fits from %s", fits_path(settings))

@@ -13,6 +13,7 @@ once: a forwarded request that still lands on a non-owner gets 421, one with no 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import cast
@@ -88,6 +89,7 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
     @app.page("/healthz")
     async def healthz(self: View, request: Request) -> Response:
         status, body = state.health()
+        body["event_loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
         return self.json(body, status=status)
 
     @app.page("/metrics")
