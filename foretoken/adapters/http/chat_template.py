@@ -5,50 +5,57 @@ prompt and no block of it ever matches what the engine stored).
 vLLM and SGLang turn ``messages`` into a prompt with the model's Jinja chat template (the
 ``chat_template`` of its ``tokenizer_config.json``, a ``chat_template.jinja`` beside it, or
 one given at start-up), then tokenize that text *without* adding special tokens (the
-template writes the BOS itself). This module does what they do, with what the router has:
+template writes the BOS itself). This module does what they do (vLLM 0.12 with transformers
+4.57, re-described), with what the router has:
 
 - the template from the engines file's ``chat_template`` (a file), else from the directory
-  of the model's ``tokenizer.json`` (``chat_template.jinja``, ``chat_template.json``, or the
-  ``chat_template`` of ``tokenizer_config.json``; of several named templates the
-  ``default``), with that file's special tokens (``bos_token``, ``eos_token``, …) as
-  variables, as transformers passes them;
+  of the model's ``tokenizer.json`` (``chat_template.jinja`` with the named templates of
+  ``additional_chat_templates/``, ``chat_template.json``, or the ``chat_template`` of
+  ``tokenizer_config.json``), with that file's special tokens (``bos_token``,
+  ``eos_token``, …, ``additional_special_tokens``) as variables, as transformers passes them;
+  of named templates, ``tool_use`` when the request has tools, else ``default``;
 - Hugging Face's Jinja environment: sandboxed, ``trim_blocks`` and ``lstrip_blocks``, loop
   controls, a ``{% generation %}`` block (rendered as its body), ``tojson`` keeping
   non-ASCII text, ``raise_exception`` and ``strftime_now``;
-- the messages as vLLM hands them over: ``role``, ``content``, and ``name``,
-  ``tool_calls`` (their JSON ``arguments`` parsed into objects), ``tool_call_id`` and
-  ``reasoning_content`` when present; a content of parts becomes its text parts joined by
-  newlines, unless the template loops over a message's content itself (vLLM's "openai"
-  content format, detected the same way: a ``for`` over ``message['content']``), which then
-  gets the parts;
-- ``add_generation_prompt`` (default true), ``continue_final_message`` (the text is cut
-  after the last message's content), ``tools``, ``documents`` and the request's
-  ``chat_template_kwargs`` (e.g. ``enable_thinking``).
+- the messages and tools in vLLM's shapes (``chat_messages.py``), the content as a string or
+  as parts by the template's content format — "openai" when the template loops over a
+  message's ``content`` itself, detected on its syntax tree as vLLM does;
+- ``add_generation_prompt`` (default true), ``continue_final_message`` (cut where the final
+  message's text ends, transformers' tag method), ``tools``, ``documents``, and the request's
+  ``chat_template_kwargs`` (e.g. ``enable_thinking``), which override the others.
 
 A template that refuses the conversation (``raise_exception``: roles that do not
 alternate, a system message where none may be) refuses it here too: the engine would answer
 400 with the same message, so the router does, before it routes. Images and audio carry no
-text here; their placeholder tokens are the engine's and are not counted.
+text here; their placeholder tokens are the engine's and are not counted. Not followed: a
+per-request ``chat_template`` (vLLM ≥ 0.11 refuses it unless started to trust it; the
+router renders the model's), ``--exclude-tools-when-tool-choice-none``, and Mistral's own
+tokenizer mode (no Jinja template).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
 
-ContentFormat = Literal["string", "openai"]
+from foretoken.adapters.http.chat_messages import (
+    ContentFormat,
+    MessageError,
+    conversation,
+    tool_schemas,
+)
+
 # Variables a tokenizer_config.json names as its special tokens (transformers passes each).
 SPECIAL_KEYS: Final = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                        "cls_token", "mask_token")  # fmt: skip
-MESSAGE_KEYS: Final = ("name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning")
 
 
 class ChatTemplateError(ValueError):
@@ -97,88 +104,103 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
-def _named(template: Any, where: str) -> str:
-    """The template of a ``chat_template`` value: a string, or named ones (the default)."""
+def _named(template: Any, where: str) -> dict[str, str]:
+    """The templates of a ``chat_template`` value: one string (``default``), or named ones."""
     if isinstance(template, str):
-        return template
+        return {"default": template}
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
-        chosen = named.get("default")
-        if isinstance(chosen, str):
-            return chosen
-    raise ChatTemplateError(f"{where}: chat_template is neither a string nor a list holding a "
-                            "template named 'default'")  # fmt: skip
+        named = {str(t.get("name")): t.get("template") for t in template if isinstance(t, Mapping)}
+        if named and all(isinstance(v, str) for v in named.values()):
+            return {k: str(v) for k, v in named.items()}
+    raise ChatTemplateError(f"{where}: chat_template is neither a string nor a list of "
+                            "{name, template} objects")  # fmt: skip
 
 
-def _is_content_of(node: jinja2.nodes.Node, names: set[str]) -> bool:
-    """``m['content']`` or ``m.content`` for a loop variable ``m`` over the messages."""
+def _is_elems(node: Any, name: str, key: str | None = None) -> bool:
+    """``name`` (or its ``key`` item: ``name['key']``, ``name.key``), possibly sliced,
+    filtered or tested — vLLM's test for where a loop's items come from."""
+    while ((isinstance(node, jinja2.nodes.Filter | jinja2.nodes.Test) and node.node is not None)
+           or (isinstance(node, jinja2.nodes.Getitem)
+           and isinstance(node.arg, jinja2.nodes.Slice))):  # fmt: skip
+        node = node.node
+    if key is None:
+        return isinstance(node, jinja2.nodes.Name) and node.name == name
     if isinstance(node, jinja2.nodes.Getitem):
-        key = node.arg
-        return (isinstance(key, jinja2.nodes.Const) and key.value == "content"
-                and isinstance(node.node, jinja2.nodes.Name)
-                and node.node.name in names)  # fmt: skip
-    if isinstance(node, jinja2.nodes.Getattr):
-        return (node.attr == "content" and isinstance(node.node, jinja2.nodes.Name)
-                and node.node.name in names)  # fmt: skip
-    if isinstance(node, jinja2.nodes.Filter):  # e.g. message['content'] | selectattr(...)
-        return node.node is not None and _is_content_of(node.node, names)
-    return False
-
-
-def _message_names(ast: jinja2.nodes.Template) -> Iterator[str]:
-    """Names bound to one message: ``for m in messages`` and ``{% set m = messages[i] %}``."""
-    for loop in ast.find_all(jinja2.nodes.For):
-        it: jinja2.nodes.Node | None = loop.iter
-        while isinstance(it, jinja2.nodes.Filter | jinja2.nodes.Getitem):  # messages[1:] | …
-            it = it.node
-        if (isinstance(it, jinja2.nodes.Name) and it.name in ("messages", "loop_messages")
-                and isinstance(loop.target, jinja2.nodes.Name)):  # fmt: skip
-            yield loop.target.name
-    for assign in ast.find_all(jinja2.nodes.Assign):
-        value = assign.node
-        if (isinstance(value, jinja2.nodes.Getitem) and isinstance(value.node, jinja2.nodes.Name)
-                and value.node.name in ("messages", "loop_messages")
-                and isinstance(assign.target, jinja2.nodes.Name)):  # fmt: skip
-            yield assign.target.name
+        return (isinstance(node.node, jinja2.nodes.Name) and node.node.name == name
+                and isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key)  # fmt: skip
+    return (isinstance(node, jinja2.nodes.Getattr) and node.attr == key
+            and isinstance(node.node, jinja2.nodes.Name) and node.node.name == name)  # fmt: skip
 
 
 def detect_content_format(env: jinja2.Environment, source: str) -> ContentFormat:
-    """ "openai" when the template loops over a message's content parts itself."""
+    """ "openai" when the template loops over a message's content parts itself: names bound
+    to ``messages`` (through assignments of it, sliced or filtered, transitively), loops over
+    them, and a loop over such a loop variable's ``content``. Else "string"."""
     try:
         ast = env.parse(source)
     except jinja2.TemplateSyntaxError:
         return "string"
-    names = set(_message_names(ast)) | {"message", "msg", "m"}
+    lists, queue = ["messages"], ["messages"]
+    while queue:
+        name = queue.pop(0)
+        for assign in ast.find_all(jinja2.nodes.Assign):
+            target = assign.target
+            if (_is_elems(assign.node, name) and isinstance(target, jinja2.nodes.Name)
+                    and target.name not in lists):  # fmt: skip
+                lists.append(target.name)
+                queue.append(target.name)
+    items = [loop.target.name for loop in ast.find_all(jinja2.nodes.For)
+             if isinstance(loop.target, jinja2.nodes.Name)
+             and any(_is_elems(loop.iter, n) for n in lists)]  # fmt: skip
     for loop in ast.find_all(jinja2.nodes.For):
-        if _is_content_of(loop.iter, names):
+        if any(_is_elems(loop.iter, n, "content") for n in items):
             return "openai"
     return "string"
 
 
 class ChatTemplate:
-    """One model's template (module doc)."""
+    """One model's templates (module doc): ``default``, and others by name (``tool_use``,
+    chosen when a request has tools)."""
 
-    def __init__(self, source: str, special: Mapping[str, str] | None = None,
+    def __init__(self, source: str | Mapping[str, str], special: Mapping[str, Any] | None = None,
                  where: str = "chat template") -> None:  # fmt: skip
         self._env = _environment()
-        try:
-            self._template = self._env.from_string(source)
-        except jinja2.TemplateSyntaxError as exc:
-            raise ChatTemplateError(f"{where}: not a valid Jinja template: {exc}") from exc
+        named = {"default": source} if isinstance(source, str) else dict(source)
+        self._templates: dict[str, tuple[jinja2.Template, ContentFormat]] = {}
+        for name, text in named.items():
+            try:
+                compiled = self._env.from_string(text)
+            except jinja2.TemplateSyntaxError as exc:
+                raise ChatTemplateError(f"{where}: not a valid Jinja template ({name}): "
+                                        f"{exc}") from exc  # fmt: skip
+            self._templates[name] = (compiled, detect_content_format(self._env, text))
+        if "default" not in self._templates and len(self._templates) != 1:
+            raise ChatTemplateError(f"{where}: several named chat templates and none is "
+                                    "'default'")  # fmt: skip
         self.special = dict(special or {})
-        self.content_format = detect_content_format(self._env, source)
         self.where = where
+
+    @property
+    def content_format(self) -> ContentFormat:
+        return self._choose(None)[1]
+
+    def _choose(self, tools: Any) -> tuple[jinja2.Template, ContentFormat]:
+        if tools is not None and "tool_use" in self._templates:
+            return self._templates["tool_use"]
+        return self._templates.get("default") or next(iter(self._templates.values()))
 
     @classmethod
     def load(cls, template_path: str | Path | None,
              tokenizer_path: str | Path | None) -> ChatTemplate | None:  # fmt: skip
         """The template given (a Jinja file, or a JSON file holding ``chat_template``), else
-        the one beside the tokenizer.json; None when there is none."""
+        the one beside the tokenizer.json (``chat_template.jinja`` with the named ones of
+        ``additional_chat_templates/``, ``chat_template.json``, ``tokenizer_config.json``);
+        None when there is none."""
         tok_dir = Path(tokenizer_path).expanduser().parent if tokenizer_path else None
         special = _special_tokens(tok_dir / "tokenizer_config.json") if tok_dir else {}
         if template_path is not None:
             path = Path(template_path).expanduser()
-            return cls(_read_template(path) or "", special, str(path))
+            return cls(_read_template(path) or {}, special, str(path))
         if tok_dir is None or Path(str(tokenizer_path)).name != "tokenizer.json":
             return None  # a lone tokenizer file: its directory is not a model's
         for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
@@ -186,84 +208,82 @@ class ChatTemplate:
             if path.is_file():
                 source = _read_template(path, required=name != "tokenizer_config.json")
                 if source is not None:
+                    if isinstance(source, str):  # chat_template.jinja, and its siblings
+                        source = {**_additional(tok_dir / "additional_chat_templates"),
+                                  "default": source}  # fmt: skip
                     return cls(source, special, str(path))
         return None
 
-    def render(self, messages: Sequence[Any], *, add_generation_prompt: bool = True,
+    def render(self, messages: Any, *, add_generation_prompt: bool = True,
                continue_final_message: bool = False, tools: Any = None, documents: Any = None,
                kwargs: Mapping[str, Any] | None = None) -> str:  # fmt: skip
-        """The prompt text of ``messages`` (OpenAI chat messages, as decoded from JSON)."""
-        if add_generation_prompt and continue_final_message:
+        """The prompt text of ``messages`` (OpenAI chat messages, as decoded from JSON).
+        The request's ``kwargs`` (``chat_template_kwargs``) override the other settings."""
+        options: dict[str, Any] = {
+            "add_generation_prompt": add_generation_prompt, "tools": tools,
+            "continue_final_message": continue_final_message, "documents": documents,
+            **(kwargs or {}),
+        }  # fmt: skip
+        for refused in ("chat_template", "tokenize"):
+            if refused in options:
+                raise ChatTemplateError(f"chat_template_kwargs may not set {refused!r}")
+        proceed = bool(options.pop("continue_final_message"))
+        if options["add_generation_prompt"] and proceed:
             raise ChatTemplateError("continue_final_message and add_generation_prompt cannot "
                                     "both be true")  # fmt: skip
-        msgs = [self._message(m) for m in messages]
-        variables: dict[str, Any] = {**self.special, **(kwargs or {})}
-        variables.update(messages=msgs, tools=tools, documents=documents,
-                         add_generation_prompt=add_generation_prompt)  # fmt: skip
+        template, fmt = self._choose(options["tools"])
         try:
-            text = self._template.render(**variables)
+            options["tools"] = tool_schemas(options["tools"])
+            msgs = conversation(messages, fmt)
+        except MessageError as exc:
+            raise ChatTemplateError(str(exc)) from exc
+        if proceed and msgs:
+            _tag_final(msgs[-1])
+        try:
+            text = template.render(**{**self.special, **options, "messages": msgs})
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"the chat template refused the messages: {exc}") from exc
         except (TypeError, ValueError, KeyError, AttributeError, IndexError,
                 RecursionError) as exc:  # fmt: skip
             raise ChatTemplateError(f"the chat template failed on the messages: "
                                     f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
-        if continue_final_message and msgs:
-            text = _cut_after(text, msgs[-1].get("content"))
-        return text
-
-    def _message(self, m: Any) -> dict[str, Any]:
-        if not isinstance(m, Mapping):
-            raise ChatTemplateError("every message must be an object")
-        out: dict[str, Any] = {"role": m.get("role"), "content": self._content(m.get("content"))}
-        for key in MESSAGE_KEYS:
-            if m.get(key) is not None:
-                out[key] = m[key]
-        if isinstance(out.get("tool_calls"), list):
-            out["tool_calls"] = [_parsed_arguments(c) for c in out["tool_calls"]]
-        return out
-
-    def _content(self, content: Any) -> Any:
-        if content is None or isinstance(content, str):
-            return content if content is not None else ""
-        parts = [p for p in content if isinstance(p, Mapping)] if isinstance(content, list) else []
-        texts = [str(p.get("text") or "") for p in parts if p.get("type") == "text"]
-        if self.content_format == "openai":
-            return [{"type": "text", "text": t} for t in texts]
-        return "\n".join(texts)
+        return _cut_at_tag(text) if proceed and msgs else text
 
 
-def _parsed_arguments(call: Any) -> Any:
-    """A tool call whose ``function.arguments`` JSON string is an object, as vLLM gives it."""
-    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
-        return call
-    args = call["function"].get("arguments")
-    if isinstance(args, str):
-        try:
-            parsed = json.loads(args)
-        except ValueError:
-            return call
-        if isinstance(parsed, dict):
-            return {**call, "function": {**call["function"], "arguments": parsed}}
-    return call
+# continue_final_message (transformers ≥ 4.57): the final message's text is rendered with
+# this tag after it, and the text is cut where the tag is (the whitespace before it trimmed
+# when the template trimmed what followed the text).
+FINAL_TAG: Final = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
-def _cut_after(text: str, content: Any) -> str:
-    """The rendered text up to the end of the final message's content (what transformers
-    does for ``continue_final_message``)."""
+def _tag_final(message: dict[str, Any]) -> None:
+    content = message.get("content")
     if isinstance(content, list):
-        content = next((p.get("text") for p in reversed(content) if isinstance(p, Mapping)), "")
-    final = str(content or "")
-    for piece in (final, final.strip()):
-        if piece and piece in text:
-            return text[: text.rindex(piece) + len(piece)]
-    if not final.strip():
-        return text
-    raise ChatTemplateError("continue_final_message: the final message's content is not in "
-                            "the rendered chat template")  # fmt: skip
+        for part in reversed(content):
+            if isinstance(part, dict) and "text" in part:
+                part["text"] = str(part["text"]) + FINAL_TAG
+                return
+        raise ChatTemplateError("continue_final_message: the final message has no text")
+    message["content"] = str(content or "") + FINAL_TAG
 
 
-def _read_template(path: Path, *, required: bool = True) -> str | None:
+def _cut_at_tag(text: str) -> str:
+    tag = FINAL_TAG.strip()
+    if tag not in text:
+        raise ChatTemplateError("continue_final_message: the final message does not appear in "
+                                "the rendered chat template")  # fmt: skip
+    at = text.rindex(tag)
+    return text[:at] if text[at : at + len(FINAL_TAG)] == FINAL_TAG else text[:at].rstrip()
+
+
+def _additional(directory: Path) -> dict[str, str]:
+    """Named templates of an ``additional_chat_templates`` directory (``<name>.jinja``)."""
+    if not directory.is_dir():
+        return {}
+    return {p.stem: str(_read_template(p)) for p in sorted(directory.glob("*.jinja"))}
+
+
+def _read_template(path: Path, *, required: bool = True) -> str | dict[str, str] | None:
     """A template file: Jinja text, or JSON holding ``chat_template`` (tokenizer_config.json,
     chat_template.json)."""
     try:
@@ -283,7 +303,7 @@ def _read_template(path: Path, *, required: bool = True) -> str | None:
     return _named(doc["chat_template"], str(path))
 
 
-def _special_tokens(config: Path) -> dict[str, str]:
+def _special_tokens(config: Path) -> dict[str, Any]:
     """The special tokens of a tokenizer_config.json, as template variables."""
     try:
         doc = json.loads(config.read_text(encoding="utf-8"))
@@ -291,9 +311,12 @@ def _special_tokens(config: Path) -> dict[str, str]:
         return {}
     if not isinstance(doc, dict):
         return {}
-    out = {}
+    out: dict[str, Any] = {}
     for key in SPECIAL_KEYS:
         text = _token_text(doc.get(key))
         if text is not None:
             out[key] = text
+    extra = doc.get("additional_special_tokens")
+    if isinstance(extra, list):
+        out["additional_special_tokens"] = [t for t in map(_token_text, extra) if t is not None]
     return out

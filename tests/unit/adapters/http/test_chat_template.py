@@ -113,24 +113,87 @@ def test_content_parts_are_joined_by_newlines_unless_the_template_walks_them() -
     assert "user\none\ntwo<|im_end|>" in ChatTemplate(CHATML).render(msgs)
     walker = ChatTemplate(PARTS)
     assert walker.content_format == "openai"
-    assert walker.render(msgs) == "[user]<text:one><text:two>"
-    assert walker.render([{"role": "user", "content": "plain"}]) == "[user]plain"
+    # as vLLM: the parts as given, a media part bare, a string one text part, null none
+    assert walker.render(msgs) == "[user]<text:one><image:><text:two>"
+    assert walker.render([{"role": "user", "content": "plain"}]) == "[user]<text:plain>"
+    assert walker.render([{"role": "user", "content": None}]) == "[user]"
+    # empty text parts skipped, a refusal part is text
+    odd = [{"type": "text", "text": "a"}, {"type": "text", "text": ""},
+           {"type": "refusal", "refusal": "no"}, {"type": "text", "text": None}]  # fmt: skip
+    assert "user\na\nno<|im_end|>" in ChatTemplate(CHATML).render([{"role": "user",
+                                                                     "content": odd}])  # fmt: skip
+
+
+@pytest.mark.parametrize(("template", "expected"), [
+    ("{% for m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}", "openai"),
+    ("{% set ms = messages[1:] %}{% for m in ms %}{% for p in m['content'] %}{% endfor %}"
+     "{% endfor %}", "openai"),
+    ("{% for m in messages | reverse %}{% for p in m.content[1:] %}{% endfor %}{% endfor %}",
+     "openai"),
+    ("{% set first = messages[0] %}{% for p in first['content'] %}{% endfor %}", "string"),
+    ("{% macro f(message) %}{% for p in message.content %}{% endfor %}{% endmacro %}", "string"),
+    (CHATML, "string"),
+])  # fmt: skip
+def test_the_content_format_is_detected_as_vllm_detects_it(template: str, expected: str) -> None:
+    assert ChatTemplate(template).content_format == expected
 
 
 def test_tool_calls_arrive_with_parsed_arguments_and_tools_are_passed() -> None:
     t = ChatTemplate(TOOLS)
     call = {"id": "c1", "type": "function",
             "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
-    msgs = [{"role": "user", "content": "hi"},
+    msgs = [{"role": "user", "content": "hi", "tool_calls": []},  # not a user's: dropped
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "content": "cold", "tool_call_id": "c1",
              "extra": "dropped"}]  # fmt: skip
-    tools = [{"type": "function", "function": {"name": "weather", "description": "été"}}]
+    # vLLM's tool shape: the declared keys first, description and parameters null if absent
+    tools = [{"function": {"strict": True, "name": "weather", "description": "été"},
+              "type": "function"}]  # fmt: skip
     text = t.render(msgs, tools=tools, add_generation_prompt=False)
     assert text.splitlines() == [
-        'TOOLS [{"type": "function", "function": {"name": "weather", "description": "été"}}]',
+        'TOOLS [{"type": "function", "function": {"name": "weather", "description": "été", '
+        '"parameters": null, "strict": true}}]',
         "user: hi", "assistant:  CALL weather(Oslo)", "tool: cold (for c1)",
     ]  # fmt: skip
+
+
+def test_tool_call_arguments_empty_become_an_object_and_bad_ones_are_refused() -> None:
+    t = ChatTemplate("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                     "{{ c.function.arguments | tojson }};{% endfor %}{% endfor %}")  # fmt: skip
+    calls = [{"function": {"name": "f", "arguments": ""}},
+             {"function": {"name": "g", "arguments": "[1, 2]"}},
+             {"function": {"name": "h"}}]  # fmt: skip
+    msgs = [{"role": "assistant", "content": None, "tool_calls": calls}]
+    assert t.render(msgs) == "{};[1, 2];{};"
+    bad = [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]}]
+    with pytest.raises(ChatTemplateError, match="not JSON"):
+        t.render(bad)
+
+
+def test_reasoning_reaches_the_template_as_vllm_passes_it() -> None:
+    t = ChatTemplate("{% for m in messages %}[{{ m.reasoning_content }}|{{ m.reasoning }}]"
+                     "{% endfor %}")  # fmt: skip
+    msgs = [{"role": "assistant", "content": "x", "reasoning": "why"},
+            {"role": "assistant", "content": "y", "reasoning_content": "dropped"},
+            {"role": "user", "content": "z", "reasoning": "not a user's"}]  # fmt: skip
+    assert t.render(msgs) == "[why|why][|][|]"
+
+
+def test_named_templates_and_kwargs_that_override(tmp_path: Path) -> None:
+    model = _model_dir(tmp_path / "m")
+    (model / "chat_template.jinja").write_text("D{{ add_generation_prompt }}")
+    (model / "additional_chat_templates").mkdir()
+    (model / "additional_chat_templates" / "tool_use.jinja").write_text("T{{ tools | length }}")
+    t = ChatTemplate.load(None, model / "tokenizer.json")
+    assert t is not None
+    assert t.render([]) == "DTrue"
+    assert t.render([], tools=[]) == "T0"  # tools given, even none: the tool_use template
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert t.render([], tools=tools) == "T1"
+    # chat_template_kwargs come last, as vLLM passes them
+    assert t.render([], kwargs={"add_generation_prompt": False}) == "DFalse"
+    with pytest.raises(ChatTemplateError, match="may not set 'chat_template'"):
+        t.render([], kwargs={"chat_template": "x"})
 
 
 def test_continue_final_message_cuts_after_the_last_content() -> None:
@@ -138,6 +201,15 @@ def test_continue_final_message_cuts_after_the_last_content() -> None:
     msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "how"}]
     text = t.render(msgs, add_generation_prompt=False, continue_final_message=True)
     assert text.endswith("<|im_start|>assistant\nhow")
+    # an empty final message: the text ends where it would have begun (transformers 4.57)
+    msgs[-1]["content"] = ""
+    text = t.render(msgs, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("hello<|im_end|>\n<|im_start|>assistant\n")
+    # a template that trims the text: the whitespace before the cut goes too
+    llama = ChatTemplate(LLAMA, {"bos_token": "<s>"})
+    msgs[-1]["content"] = " Sure "
+    text = llama.render(msgs, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\nSure")
     with pytest.raises(ChatTemplateError, match="cannot both be true"):
         t.render(msgs, add_generation_prompt=True, continue_final_message=True)
 
