@@ -84,7 +84,8 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
     # False: the router sends this engine no x-request-id (llama-cpp-python's server answers
     # 400, with an empty body, to any x-request-id that is not a UUID).
     request_id_header: bool = True
-    # A Hugging Face tokenizer.json for this model (the router counts tokens with it).
+    # A Hugging Face tokenizer.json for this model, or the model's directory holding one (the
+    # router counts tokens with it, and renders chats with the chat template beside it).
     tokenizer: str | None = None
     # The model's chat template (a Jinja file, or JSON holding chat_template), as the engine
     # was started with; default: the one beside the tokenizer.json (tokenizer_config.json).
@@ -182,8 +183,14 @@ def _check_engine(engine: EngineConfig, index: int) -> None:
                                      f"{url[:80]!r} - at `{where}.{name}`")  # fmt: skip
     for name in ("tokenizer", "chat_template"):
         path = getattr(engine, name)
-        if path is not None and not Path(path).expanduser().is_file():
-            raise EnginesConfigError(f"{name} {path!r} is not a file - at `{where}.{name}`")
+        if path is None:
+            continue
+        found = Path(path).expanduser()
+        if name == "tokenizer" and found.is_dir():  # a model's directory
+            found = found / "tokenizer.json"
+        if not found.is_file():
+            raise EnginesConfigError(f"{name} {path!r} is not a file (nor a directory holding "
+                                     f"tokenizer.json) - at `{where}.{name}`")  # fmt: skip
     try:
         engine.registration(ts=0.0)  # what the workers topic will hold, checked now
     except ValueError as exc:

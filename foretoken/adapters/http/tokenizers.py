@@ -44,6 +44,7 @@ class HFTokenizer:
     def __init__(self, path: str | Path) -> None:
         from tokenizers import Tokenizer as _HF
 
+        path = tokenizer_file(path)
         try:
             self._tok = _HF.from_file(str(path))
         except Exception as exc:  # the library raises plain Exceptions for bad files
@@ -83,7 +84,9 @@ class Tokenizers:
         self._templates: dict[str, ChatTemplate] = {}
         for model in set(paths) | set(templates):
             try:
-                template = ChatTemplate.load(templates.get(model), paths.get(model))
+                given = paths.get(model)
+                template = ChatTemplate.load(templates.get(model),
+                                             tokenizer_file(given) if given else None)  # fmt: skip
             except ChatTemplateError as exc:
                 raise ValueError(f"model {model}: {exc}") from exc
             if template is not None:
@@ -155,3 +158,9 @@ def render_request(template: ChatTemplate, body: Mapping[str, Any]) -> str:
         continue_final_message=bool(body.get("continue_final_message")),
         tools=body.get("tools"), documents=body.get("documents"), kwargs=kwargs,
     )  # fmt: skip
+
+
+def tokenizer_file(path: str | Path) -> Path:
+    """A tokenizer.json, given as itself or as the model's directory holding it."""
+    found = Path(path).expanduser()
+    return found / "tokenizer.json" if found.is_dir() else found

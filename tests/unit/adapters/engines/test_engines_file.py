@@ -37,6 +37,8 @@ def _load(tmp_path: Path, text: str | bytes) -> list[EngineConfig]:
         (GOOD + 'kv_events_url = "http://127.0.0.1:5557"\n', "kv_events_url must start with"),
         (GOOD.replace("http://127.0.0.1:8000", "127.0.0.1:8000"), "http_url must start with"),
         (GOOD + 'tokenizer = "/no/such/tokenizer.json"\n', "tokenizer"),
+        (GOOD + 'tokenizer = "/proc"\n', "nor a directory holding tokenizer.json"),
+        (GOOD + 'chat_template = "/no/such/template.jinja"\n', "chat_template"),
         (GOOD.replace('"w0"', '""'), "worker_id must not be empty"),
         (GOOD + '[[engine]]\nworker_id = "w1"\n', "engine"),
         ("engines = []\n", "no engines"),
@@ -52,6 +54,14 @@ def test_a_mistake_is_one_line_naming_the_file_and_the_key(
     message = str(info.value)
     assert message.startswith(f"engines file {tmp_path / 'engines.toml'}") and says in message
     assert "\n" not in message
+
+
+def test_a_model_directory_is_a_tokenizer(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")
+    (engine,) = _load(tmp_path, GOOD + f'tokenizer = "{model}"\n')
+    assert engine.tokenizer == str(model)
 
 
 def test_a_good_file_loads(tmp_path: Path) -> None:

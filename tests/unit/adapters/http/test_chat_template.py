@@ -290,6 +290,12 @@ def test_anthropic_messages_render_through_the_same_template(tmp_path: Path) -> 
                     "<|im_start|>assistant\nhow")  # a prefill, continued  # fmt: skip
 
 
+def test_a_model_directory_stands_for_its_tokenizer_json(tmp_path: Path) -> None:
+    toks = Tokenizers({"q": str(_model_dir(tmp_path, CHATML))})  # the directory itself
+    assert toks.template("q") is not None
+    assert _ids(toks, "q", "hello there", True)[0] == 1  # its tokenizer, with its BOS
+
+
 def test_models_without_a_template_keep_the_built_in_transcript(tmp_path: Path) -> None:
     toks = Tokenizers({"plain": str(_model_dir(tmp_path) / "tokenizer.json")})
     assert toks.template("plain") is None and toks.template("sim") is None
