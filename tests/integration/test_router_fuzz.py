@@ -36,7 +36,8 @@ EXAMPLES = 320
 BATCH = 64
 MIN_BODIES = 20_000
 MAX_RSS_GROWTH_MB = 300
-PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens")
+PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
+         "/v1/responses")  # fmt: skip
 
 scalars = (
     st.none()
@@ -91,6 +92,15 @@ VALID: dict[str, list[dict[str, Any]]] = {
     ],
     "/v1/messages/count_tokens": [
         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    ],
+    "/v1/responses": [
+        {"model": MODEL, "input": "hi", "max_output_tokens": 2},
+        {
+            "model": MODEL,
+            "stream": True,
+            "instructions": "s",
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}],
+        },
     ],
 }
 KNOWN = sorted(

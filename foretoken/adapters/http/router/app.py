@@ -1,9 +1,10 @@
 """The thin router in front of the engines: ``foretoken router``.
 
-OpenAI (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models[/{id}]``) and Anthropic
-(``/v1/messages``, ``/v1/messages/count_tokens``) surfaces; ``/health``, ``/healthz``,
-``/metrics``. Per request: read the body (size limit, read timeout), decode it once into
-typed structs (``requests.py``, ``anthropic.py``; big bodies in a thread), tokenize (long
+OpenAI (``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
+``/v1/models[/{id}]``) and Anthropic (``/v1/messages``, ``/v1/messages/count_tokens``)
+surfaces; ``/health``, ``/healthz``, ``/metrics``. Per request: read the body (size limit,
+read timeout), decode it once into typed structs (``requests.py``, ``anthropic.py``,
+``responses.py``; big bodies in a thread), tokenize (long
 texts in a thread), ask the route service (``routing.py``) — or, when it is slow or down,
 decide alone — then either answer 429 at once (``errors.py``) or forward to the chosen engine
 and relay its answer (``proxy.py``). Grants and outcomes go to Kafka through a bounded
@@ -33,7 +34,7 @@ from prometheus_client import generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
 from foretoken.adapters.heap import freeze_startup_heap
-from foretoken.adapters.http.router import anthropic, edge, errors
+from foretoken.adapters.http.router import anthropic, edge, errors, responses
 from foretoken.adapters.http.router.path import (
     SSE_HEADERS,
     STATE,
@@ -162,6 +163,51 @@ async def messages(request: web.Request) -> web.StreamResponse:
                         headers={"request-id": p.request_id})  # fmt: skip
 
 
+async def responses_api(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses`` (``responses.py``): errors and 429s in OpenAI's shape."""
+    state = request.app[STATE]
+    arrived = time.monotonic()
+    if not state.authorized(request):
+        return unauthorized(False)
+    try:
+        raw = await edge.read_body(request, state.settings)
+        body, text, upstream, chat = await off_loop(state, len(raw), responses.decode_responses,
+                                                    raw)  # fmt: skip
+        check_model(state, body.model)
+        limit = state.settings.router.max_output_tokens
+        if (body.max_output_tokens or 0) > limit:
+            raise RequestError(f"max_output_tokens must be at most {limit} "
+                               "(router.max_output_tokens)", param="max_output_tokens")  # fmt: skip
+        text = await state.tokenizers.chat_text(body.model, text, lambda: chat, len(raw))
+        tokens = await tokens_of(state, body.model, text, None, "input")
+        p = await place(state, request, body, tokens, body.max_output_tokens)
+        routed = await route(state, p, False)
+    except RequestError as exc:
+        return refused(state, exc, False)
+    if isinstance(routed, web.Response):
+        return routed
+    grant, url, p = routed
+    response = (EventStream(headers={**SSE_HEADERS, "x-request-id": p.request_id})
+                if body.stream else None)  # fmt: skip
+    relay = responses.ResponsesRelay(request, response, body, p.request_id, len(tokens),
+                                     state.reports_cached(grant))  # fmt: skip
+    m = await relay_to_engine(state, request, p, grant, url + "/v1/chat/completions", upstream,
+                              relay, arrived)  # fmt: skip
+    if m is None:  # the client went away mid-stream
+        return response or web.Response(status=499)
+    if m.engine_status != 200:
+        return edge.engine_refusal(m, False, p.request_id)
+    if response is not None:
+        with contextlib.suppress(ClientGone):
+            await relay.finish(m)
+        return response
+    if m.status != "ok":
+        return errors.openai_error(504 if m.timed_out else 502, m.error or "engine error",
+                                   "api_error", headers={"x-request-id": p.request_id})  # fmt: skip
+    return web.Response(body=_encoder.encode(relay.answer(m)), content_type="application/json",
+                        headers={"x-request-id": p.request_id})  # fmt: skip
+
+
 async def count_tokens(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.authorized(request):
@@ -267,6 +313,7 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
         ("POST", "/v1/chat/completions", chat_completions),
         ("POST", "/v1/messages", messages),
         ("POST", "/v1/messages/count_tokens", count_tokens),
+        ("POST", "/v1/responses", responses_api),
         ("GET", "/v1/models", models),
         ("GET", "/v1/models/{model:.+}", model),  # Hugging Face names hold a slash
         ("GET", "/health", health),

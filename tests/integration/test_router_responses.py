@@ -1,0 +1,146 @@
+"""OpenAI's Responses API through the router, driven by the official openai SDK (sync and
+async, streamed and not, the SDK's own stream helper): what reaches the engine is the chat
+completion the input says, the answer and the events have the shapes the SDK parses, and
+what a stateless text-only router cannot honour is a 400 naming it. Real router process and
+broker; the engines are the stub (which can echo the body it got)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from foretoken.settings import Settings
+from tests.integration.stub_router import MODEL, StubRouter, stub_engines, stub_router
+
+pytestmark = pytest.mark.integration
+ECHO = "__stub_echo_body__"
+
+
+@pytest.fixture(scope="module")
+def router(
+    kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StubRouter]:
+    with (
+        stub_engines(tmp_path_factory.mktemp("stub")) as engines,
+        stub_router(kafka_settings, tmp_path_factory.mktemp("router"), engines) as r,
+    ):
+        yield r
+    assert "Traceback" not in r.log_text()
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+
+
+def test_a_response_has_the_shape_the_sdk_reads_and_the_engine_gets_the_chat(
+    router: StubRouter,
+) -> None:
+    r = _client(router.url).responses.create(  # type: ignore[call-overload]
+        model=MODEL, instructions="be brief", max_output_tokens=3, temperature=0.5, user="u-1",
+        input=[{"role": "developer", "content": "dev"},
+               {"role": "user", "content": [{"type": "input_text", "text": ECHO}]},
+               {"role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+               {"type": "message", "role": "user", "content": "again"}],
+        metadata={"k": "v"}, store=False, tool_choice="auto",
+    )  # fmt: skip
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert r.status in ("completed", "incomplete") and r.metadata == {"k": "v"}
+    assert r.output[0].type == "message" and r.output[0].role == "assistant"
+    sent = json.loads(r.output_text)  # the stub echoes the body it got
+    assert sent["messages"] == [
+        {"role": "system", "content": "be brief"}, {"role": "system", "content": "dev"},
+        {"role": "user", "content": ECHO}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "again"},
+    ]  # fmt: skip
+    assert sent["max_tokens"] == 3 and sent["temperature"] == 0.5 and sent["user"] == "u-1"
+    assert sent["stream"] is True
+    assert r.usage is not None and r.usage.input_tokens > 0 and r.usage.output_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+
+
+def test_a_short_limit_is_an_incomplete_response(router: StubRouter) -> None:
+    r = _client(router.url).responses.create(model=MODEL, input="hello", max_output_tokens=2)
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason == "max_output_tokens" and r.output_text
+
+
+def test_the_stream_helper_and_raw_events(router: StubRouter) -> None:
+    client = _client(router.url)
+    with client.responses.stream(model=MODEL, input="hi") as stream:
+        events = list(stream)
+    kinds = [event.type for event in events]
+    # the stub ends every answer at its length: the last event is response.incomplete
+    final = events[-1].response  # type: ignore[union-attr]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]  # fmt: skip
+    deltas = kinds.count("response.output_text.delta")
+    assert deltas >= 1 and kinds[4 : 4 + deltas] == ["response.output_text.delta"] * deltas
+    assert kinds[4 + deltas :] == ["response.output_text.done", "response.content_part.done",
+                                   "response.output_item.done", "response.incomplete"]  # fmt: skip
+    assert final.output_text and final.usage is not None and final.usage.output_tokens == deltas
+    body = {"model": MODEL, "input": "hi", "stream": True, "max_output_tokens": 2}
+    with httpx.stream("POST", router.url + "/v1/responses", timeout=30, json=body) as resp:
+        assert resp.status_code == 200 and resp.headers["x-request-id"]
+        raw = [e for e in resp.read().decode().split("\n\n") if e.strip()]
+    docs = [json.loads(e.split("data: ", 1)[1]) for e in raw]
+    assert [d["sequence_number"] for d in docs] == list(range(len(raw)))
+    assert docs[-1]["type"] == "response.incomplete"  # max_output_tokens cut it
+    assert docs[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_the_async_client_streams(router: StubRouter) -> None:
+    async def run() -> str:
+        client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="k", max_retries=0)
+        text = ""
+        async for event in await client.responses.create(model=MODEL, input="hi",
+                                                         stream=True):  # fmt: skip
+            if event.type == "response.output_text.delta":
+                text += event.delta
+        await client.close()
+        return text
+
+    assert asyncio.run(run())
+
+
+@pytest.mark.parametrize(("fields", "names"), [
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"text": {"format": {"type": "json_object"}}}, "text"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
+     "input[0].type"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+    ({"seed": 3}, "seed"),
+])  # fmt: skip
+def test_what_cannot_be_honoured_is_a_400_naming_it(
+    router: StubRouter, fields: dict[str, Any], names: str
+) -> None:
+    body: dict[str, Any] = {"model": MODEL, "input": "hi"}
+    given = {k: v for k, v in fields.items() if k != "seed"}
+    with pytest.raises(openai.BadRequestError) as info:
+        _client(router.url).responses.create(
+            **body | given,  # type: ignore[call-overload]
+            extra_body={"seed": 3} if "seed" in fields else None,
+        )
+    err = info.value.body
+    assert isinstance(err, dict) and err.get("param") == names, err
+
+
+def test_nothing_asked_is_taken(router: StubRouter) -> None:
+    client = _client(router.url)
+    extras: list[dict[str, Any]] = [
+        {"tools": []}, {"tool_choice": "none"}, {"text": {"format": {"type": "text"}}},
+        {"truncation": "disabled"}, {"include": []}, {"parallel_tool_calls": False},
+    ]  # fmt: skip
+    for extra in extras:
+        assert client.responses.create(
+            model=MODEL, input="x", max_output_tokens=1, **extra
+        ).output_text  # type: ignore[call-overload]
