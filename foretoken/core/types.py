@@ -374,6 +374,7 @@ class RouteQuery:
     prefer_cache_hit: bool = False
     conversation_id: str | None = None
     expected_output_tokens: int | None = None
+    cache_salt: str | None = None  # vLLM's: the engine keys the first block with it
 
     @property
     def prompt_length(self) -> int:

@@ -48,6 +48,8 @@ class RouteRequest(msgspec.Struct, kw_only=True, frozen=True):
     prefer_cache_hit: bool = False
     conversation_id: Annotated[str, msgspec.Meta(max_length=MAX_CONVERSATION_CHARS)] | None = None
     expected_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # vLLM's cache_salt: the engine keys the prompt's first block with it
+    cache_salt: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -80,7 +82,7 @@ class RouteRequest(msgspec.Struct, kw_only=True, frozen=True):
             prompt_tokens=self.prompt_length, max_queue_wait_s=self.max_queue_wait_s,
             already_waited_s=self.already_waited_s, workload_class=self.workload_class,
             prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
-            expected_output_tokens=self.expected_output_tokens,
+            expected_output_tokens=self.expected_output_tokens, cache_salt=self.cache_salt,
         )  # fmt: skip
 
 

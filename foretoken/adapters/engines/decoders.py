@@ -95,6 +95,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from foretoken.core.index.content_hash import salt_key
 from foretoken.core.types import EngineBlockHash, ModelName, WorkerId
 from foretoken.wire.codec import DecodeError, normalize_engine_hash
 from foretoken.wire.records import (
@@ -535,7 +536,7 @@ class _EventDecoder:
             salt = _opt_str(salt, "cache_salt")
             if salt is None or not root or blocks == 0:
                 return ()
-            return (_canonical([salt]),) + ("",) * (blocks - 1)
+            return (salt_key(salt),) + ("",) * (blocks - 1)
         raw = fields.get("extra_keys")
         if raw is None:
             return ()

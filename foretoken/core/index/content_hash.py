@@ -28,6 +28,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Final
 
+import msgspec
 import numpy as np
 import xxhash
 
@@ -46,6 +47,13 @@ def root_seed(salt: bytes, model: str, block_size: int, lora_name: str | None) -
     """The chain's starting value for one hash space and LoRA adapter."""
     lora = b"\x00" if lora_name is None else b"\x01" + lora_name.encode()
     return _text_hash(ROOT_TAG, salt, model.encode(), str(block_size).encode(), lora)
+
+
+def salt_key(salt: str) -> str:
+    """The extra key of a salted prompt's first block, in the canonical form the ingest
+    decoder writes an engine's per-block entry (vLLM's ``extra_keys`` of a request with a
+    ``cache_salt`` and nothing else to key: ``["<salt>"]``; SGLang's the same)."""
+    return msgspec.json.encode([salt]).decode()
 
 
 def extra_key_mix(key: str) -> int:

@@ -14,6 +14,7 @@ from foretoken.core.cost.fit import PrefillCurve, StepCost
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.tier_costs import TierCosts
 from foretoken.core.cost.wait_scale import WaitScale, WaitScaleConfig
+from foretoken.core.index import content_hash
 from foretoken.core.index.protocol import Index
 from foretoken.core.index.state import CacheHit
 from foretoken.core.queue.scheduler import CurveStepCost, NewRequest
@@ -174,16 +175,21 @@ class Predictions:
         now_s: float,
         prompt_tokens: int | None,
         output_tokens: int = 1,
+        cache_salt: str | None = None,
     ) -> list[Candidate]:
+        """Every worker's prediction for the prompt. A ``cache_salt`` keys its first block
+        as the engine keys it (``content_hash.salt_key``): a salted prompt is credited only
+        with blocks stored under the same salt."""
         n = len(tokens) if len(tokens) else (prompt_tokens or 0)
         self.index.age(now_s)  # approximate views forget what their TTL says is gone
         profiles = [p for p in self.book.of_model(model) if p.fits_prompt(n)]
         chains: dict[int, np.ndarray] = {}
         hits: dict[WorkerId, CacheHit] = {}
         held: dict[WorkerId, int] = {}
+        salted = (content_hash.salt_key(cache_salt),) if cache_salt else ()
         if len(tokens):  # hashed once per block size: the lookup, the held prompts, _apply
             for size in {p.block_size for p in self.book.of_model(model)}:
-                chains[size] = self.index.hash_prompt(model, size, tokens)
+                chains[size] = self.index.hash_prompt(model, size, tokens, extra_keys=salted)
             hits = self.index.lookup(model, own_hashes=chains)
             if self.config.credit_sent_prefixes and len(self.sent):
                 for size, chain in chains.items():

@@ -245,9 +245,10 @@ class RouteService:
     def predict(
         self, model: ModelName, tokens: Sequence[int] | np.ndarray, now_s: float,
         prompt_tokens: int | None = None, output_tokens: int | None = None,
+        cache_salt: str | None = None,
     ) -> list[Candidate]:  # fmt: skip
         out = output_tokens or self.config.default_output_tokens
-        return self.predictions.candidates(model, tokens, now_s, prompt_tokens, out)
+        return self.predictions.candidates(model, tokens, now_s, prompt_tokens, out, cache_salt)
 
     # ------------------------------------------------------------------ decisions
 
@@ -264,7 +265,7 @@ class RouteService:
             self.controls.tick(now_s)
             query = self._with_class_defaults(query)
         candidates = self.predict(query.model, query.tokens, now_s, query.prompt_tokens,
-                                  query.expected_output_tokens)  # fmt: skip
+                                  query.expected_output_tokens, query.cache_salt)  # fmt: skip
         if not candidates:
             return self._remember(self._no_candidate(query, ts))
         result = self._decide(query, candidates, now_s, ts)

@@ -158,6 +158,7 @@ async def place(state: RouterState, request: web.Request, body: Any, tokens: np.
         token_ids=tokens, max_queue_wait_s=opts.max_queue_wait_s, already_waited_s=waited,
         workload_class=opts.workload_class, prefer_cache_hit=opts.prefer_cache_hit,
         conversation_id=opts.conversation_id, expected_output_tokens=expected_output,
+        cache_salt=getattr(body, "cache_salt", None) or None,
     )  # fmt: skip
 
 

@@ -75,6 +75,9 @@ class _Common(msgspec.Struct, kw_only=True):
     # vLLM's: a prompt's tokens with the tokenizer's special ones (completions: yes; chats:
     # no, the template writes them); read to tokenize as the engine does, forwarded as sent
     add_special_tokens: bool | None = None
+    # vLLM's: the engine keys the prompt's first block with it (read so that the cache
+    # credited is the one the engine reuses; forwarded as sent)
+    cache_salt: ShortText | None = None
     # foretoken's own (never forwarded)
     max_queue_wait_s: float | None = None
     already_waited_s: float | None = None

@@ -67,6 +67,7 @@ class Placement:
     prefer_cache_hit: bool
     conversation_id: str | None
     expected_output_tokens: int | None
+    cache_salt: str | None = None
 
     def query(self) -> RouteQuery:
         return RouteQuery(
@@ -74,7 +75,7 @@ class Placement:
             prompt_tokens=len(self.token_ids), max_queue_wait_s=self.max_queue_wait_s,
             already_waited_s=self.already_waited_s, workload_class=self.workload_class,
             prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
-            expected_output_tokens=self.expected_output_tokens,
+            expected_output_tokens=self.expected_output_tokens, cache_salt=self.cache_salt,
         )  # fmt: skip
 
     def rpc(self) -> bytes:
@@ -84,7 +85,7 @@ class Placement:
             prompt_tokens=len(self.token_ids), max_queue_wait_s=self.max_queue_wait_s,
             already_waited_s=self.already_waited_s, workload_class=self.workload_class,
             prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
-            expected_output_tokens=self.expected_output_tokens,
+            expected_output_tokens=self.expected_output_tokens, cache_salt=self.cache_salt,
         ))  # fmt: skip
 
 

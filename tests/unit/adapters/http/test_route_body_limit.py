@@ -25,8 +25,9 @@ def test_the_routers_largest_route_call_fits_the_route_services_limits() -> None
         max_queue_wait_s=s.router.max_queue_wait_s, already_waited_s=3600.0,
         workload_class=max(s.controls.classes, key=len), prefer_cache_hit=True,
         conversation_id=longest, expected_output_tokens=s.router.max_output_tokens,
+        cache_salt=longest,  # the router takes a salt up to 256 characters, as the RPC does
     ).rpc()  # fmt: skip
     assert len(call) <= s.route.body_limit
     assert len(call) <= s.router.max_body_bytes
     decoded = decode_route_request(call, limits_of(s.route))
-    assert decoded.prompt_tokens == n
+    assert decoded.prompt_tokens == n and decoded.cache_salt == longest

@@ -42,6 +42,13 @@ def test_null_is_the_default_where_openai_takes_it(name: str) -> None:
         assert d.body.n is None and name in json.loads(d.upstream)  # passed on as sent
 
 
+def test_a_cache_salt_is_read_and_reaches_the_engine() -> None:
+    d = decode_openai(_chat(cache_salt="tenant-a"), chat=True, max_output_tokens=LIMIT)
+    assert d.body.cache_salt == "tenant-a" and json.loads(d.upstream)["cache_salt"] == "tenant-a"
+    with pytest.raises(RequestError, match="cache_salt"):
+        decode_openai(_chat(cache_salt="x" * 257), chat=True, max_output_tokens=LIMIT)
+
+
 def test_stream_options_keys_reach_the_engine_and_usage_only_when_asked() -> None:
     options = {"include_usage": False, "include_obfuscation": False, "continuous_usage_stats": True}
     d = decode_openai(
