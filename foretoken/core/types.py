@@ -201,6 +201,8 @@ class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     gpu_blocks: int | None = None
     # The longest sequence (prompt + output) the engine takes (vLLM's max_model_len).
     max_model_len: int | None = None
+    # The LoRA adapters it serves (the model names clients send for them).
+    lora_adapters: tuple[str, ...] = ()
     config_hash: str
     ts: float
     removed: bool = False
@@ -375,6 +377,7 @@ class RouteQuery:
     conversation_id: str | None = None
     expected_output_tokens: int | None = None
     cache_salt: str | None = None  # vLLM's: the engine keys the first block with it
+    lora_name: str | None = None  # a LoRA adapter of the model (its workers, its blocks)
 
     @property
     def prompt_length(self) -> int:

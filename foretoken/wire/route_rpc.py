@@ -50,6 +50,8 @@ class RouteRequest(msgspec.Struct, kw_only=True, frozen=True):
     expected_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     # vLLM's cache_salt: the engine keys the prompt's first block with it
     cache_salt: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)] | None = None
+    # a LoRA adapter of the model: the workers that serve it, its blocks
+    lora_name: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -83,6 +85,7 @@ class RouteRequest(msgspec.Struct, kw_only=True, frozen=True):
             already_waited_s=self.already_waited_s, workload_class=self.workload_class,
             prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
             expected_output_tokens=self.expected_output_tokens, cache_salt=self.cache_salt,
+            lora_name=self.lora_name,
         )  # fmt: skip
 
 

@@ -17,10 +17,12 @@ from typing import Any
 
 import anthropic
 import httpx
+import msgspec
 import openai
 import pytest
 from tokenizers import Tokenizer as HFTokenizers
 
+from foretoken.adapters.engines.engines_file import dump_engines, load_engines
 from foretoken.adapters.processes import foretoken_cmd, spawn, stop, wait_http
 from foretoken.settings import Settings
 from tests.conftest import free_port
@@ -322,6 +324,32 @@ def test_chats_are_counted_through_the_model_chat_template(
         with pytest.raises(anthropic.BadRequestError, match="roles must alternate"):
             _anthropic(r.url).messages.create(model=MODEL, max_tokens=2, messages=[
                 {"role": "assistant", "content": "x"}])  # fmt: skip
+    assert "Traceback" not in r.log_text()
+
+
+def test_a_lora_adapter_goes_to_an_engine_that_serves_it(
+    kafka_settings: Settings, engines: Path, tmp_path: Path
+) -> None:
+    """The engines file names a LoRA adapter on one engine: the adapter is a model of the
+    router (listed with its base as parent), its requests all go to that engine (the
+    fallback here: no route service) with the adapter's name, and an adapter nobody
+    serves is a 404."""
+    first, second = load_engines(engines)
+    lora = tmp_path / "engines.toml"
+    lora.write_text(dump_engines([first, msgspec.structs.replace(second, lora_adapters=("ada",))]))
+    port = second.http_url.rsplit(":", 1)[1]
+    with stub_router(kafka_settings, tmp_path, lora) as r:
+        listed = {m.id: m for m in _openai(r.url).models.list().data}
+        assert listed["ada"].parent == MODEL  # type: ignore[attr-defined]
+        for _ in range(4):  # least-outstanding alone would alternate between the two
+            answer = _openai(r.url).completions.create(model="ada", max_tokens=1,
+                                                       prompt="__stub_echo_headers__")  # fmt: skip
+            assert json.loads(answer.choices[0].text)["host"].endswith(f":{port}")
+        sent = _sent(_openai(r.url).completions.create(model="ada", max_tokens=1,
+                                                       prompt=ECHO).choices[0].text)  # fmt: skip
+        assert sent["model"] == "ada"  # the engine gets the adapter's name
+        with pytest.raises(openai.NotFoundError, match="nope"):
+            _openai(r.url).completions.create(model="nope", max_tokens=1, prompt="x")
     assert "Traceback" not in r.log_text()
 
 

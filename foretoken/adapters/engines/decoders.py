@@ -491,7 +491,7 @@ class _EventDecoder:
         if lora_name is None and lora_id is not None:
             lora_name = f"lora-id:{lora_id}"
         kind = _opt_str(fields.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
-        extra = self._extra_keys(fields, len(hashes), parent is None)
+        extra = self._extra_keys(fields, len(hashes), parent is None, lora_name)
         group = self._group(fields)
         tier = self._tier(fields.get("medium"), fields.get("locality"))
         if tier is None:
@@ -527,7 +527,8 @@ class _EventDecoder:
             raise DecodeError(f"token ids are ints in [0, 2**32), got {bad!r:.40}")
         return packed
 
-    def _extra_keys(self, fields: Mapping[Any, Any], blocks: int, root: bool) -> tuple[str, ...]:
+    def _extra_keys(self, fields: Mapping[Any, Any], blocks: int, root: bool,
+                    lora_name: str | None = None) -> tuple[str, ...]:  # fmt: skip
         if self.engine == "sglang":
             salt = fields.get("cache_salt")
             metadata = fields.get("metadata")
@@ -542,6 +543,11 @@ class _EventDecoder:
             return ()
         if not isinstance(raw, list) or len(raw) != blocks:
             raise DecodeError(f"extra_keys must be an array of {blocks} entries (one per block)")
+        if lora_name is not None:  # vLLM keys every block of a LoRA with its name first; the
+            # name is in the chain's seed already (so older engines, without extra_keys, and
+            # newer ones hash a LoRA's blocks alike, and as a route lookup of the LoRA does)
+            raw = [e[1:] or None if isinstance(e, list) and e and e[0] == lora_name else e
+                   for e in raw]  # fmt: skip
         if all(entry is None for entry in raw):
             return ()
         return tuple("" if entry is None else _canonical(entry) for entry in raw)

@@ -9,6 +9,7 @@ TOML, one ``[[engines]]`` table each::
     engine_version = "0.11.0"
     tokenizer = "/path/tokenizer.json"   # optional: how the router counts this model's tokens
     chat_template = "/path/template.jinja"   # optional: default, the one beside the tokenizer
+    lora_adapters = ["sql-lora"]   # optional: LoRA adapters it serves (clients name them as model)
     block_size = 16
     http_url = "http://127.0.0.1:8101"
     kv_events_url = "tcp://127.0.0.1:5557"   # absent (or kv_events = false): no KV events
@@ -90,6 +91,9 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
     # The model's chat template (a Jinja file, or JSON holding chat_template), as the engine
     # was started with; default: the one beside the tokenizer.json (tokenizer_config.json).
     chat_template: str | None = None
+    # LoRA adapters the engine serves (vLLM --lora-modules / SGLang --lora-paths names): a
+    # request whose model names one goes to an engine that has it, credited with its blocks.
+    lora_adapters: tuple[str, ...] = ()
 
     def fits_prompt(self, prompt_tokens: int) -> bool:
         """Whether this engine can take a prompt at all (KV capacity and context length)."""
@@ -124,6 +128,7 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
             reports_cached_tokens=self.reports_cached_tokens,
             gpu_blocks=self.gpu_blocks,
             max_model_len=self.max_model_len,
+            lora_adapters=self.lora_adapters,
             config_hash=self.config_hash(),
             ts=time.time() if ts is None else ts,
         )
@@ -168,6 +173,19 @@ def load_engines(path: str | Path) -> list[EngineConfig]:
     ids = [e.worker_id for e in engines]
     if len(set(ids)) != len(ids):
         raise EnginesConfigError(f"engines file {path}: duplicate worker_id")
+    models = {e.model for e in engines}
+    for e in engines:
+        base = {a: e.model for a in e.lora_adapters}
+        for other in engines:
+            clash = next((a for a in other.lora_adapters if a in base
+                          and base[a] != other.model), None)  # fmt: skip
+            if clash is not None:
+                raise EnginesConfigError(f"engines file {path}: LoRA adapter {clash!r} is "
+                                         "served on two base models")  # fmt: skip
+        named = models & set(e.lora_adapters)
+        if named:
+            raise EnginesConfigError(f"engines file {path}: LoRA adapter {sorted(named)[0]!r} "
+                                     "is also a base model's name")  # fmt: skip
     return engines
 
 
@@ -176,6 +194,10 @@ def _check_engine(engine: EngineConfig, index: int) -> None:
     for name in ("worker_id", "model"):
         if not getattr(engine, name).strip():
             raise EnginesConfigError(f"{name} must not be empty - at `{where}.{name}`")
+    adapters = engine.lora_adapters
+    if any(not a.strip() or len(a) > 256 for a in adapters) or len(set(adapters)) < len(adapters):
+        raise EnginesConfigError("lora_adapters must be distinct non-empty names of at most 256 "
+                                 f"characters - at `{where}.lora_adapters`")  # fmt: skip
     for name, schemes in _SCHEMES.items():
         url = getattr(engine, name)
         if url is not None and not url.startswith(schemes):

@@ -104,6 +104,12 @@ class Tokenizers:
         the settings' (``router.tokenizers``, ``router.chat_templates``)."""
         paths = {e.model: e.tokenizer for e in engines if e.tokenizer} | dict(tokenizers)
         chats = {e.model: e.chat_template for e in engines if e.chat_template} | dict(templates)
+        for e in engines:  # a LoRA adapter tokenizes as its base model
+            for adapter in e.lora_adapters:
+                if e.model in paths:
+                    paths.setdefault(adapter, paths[e.model])
+                if e.model in chats:
+                    chats.setdefault(adapter, chats[e.model])
         return cls(paths, off_loop_chars, chats)
 
     def template(self, model: str) -> ChatTemplate | None:

@@ -176,21 +176,26 @@ class Predictions:
         prompt_tokens: int | None,
         output_tokens: int = 1,
         cache_salt: str | None = None,
+        lora_name: str | None = None,
     ) -> list[Candidate]:
         """Every worker's prediction for the prompt. A ``cache_salt`` keys its first block
         as the engine keys it (``content_hash.salt_key``): a salted prompt is credited only
-        with blocks stored under the same salt."""
+        with blocks stored under the same salt. A ``lora_name`` is served by the workers
+        that have that adapter, and its blocks are the adapter's (the chain's seed)."""
         n = len(tokens) if len(tokens) else (prompt_tokens or 0)
         self.index.age(now_s)  # approximate views forget what their TTL says is gone
-        profiles = [p for p in self.book.of_model(model) if p.fits_prompt(n)]
+        serving = [p for p in self.book.of_model(model)
+                   if lora_name is None or lora_name in p.lora_adapters]  # fmt: skip
+        profiles = [p for p in serving if p.fits_prompt(n)]
         chains: dict[int, np.ndarray] = {}
         hits: dict[WorkerId, CacheHit] = {}
         held: dict[WorkerId, int] = {}
         salted = (content_hash.salt_key(cache_salt),) if cache_salt else ()
         if len(tokens):  # hashed once per block size: the lookup, the held prompts, _apply
-            for size in {p.block_size for p in self.book.of_model(model)}:
-                chains[size] = self.index.hash_prompt(model, size, tokens, extra_keys=salted)
-            hits = self.index.lookup(model, own_hashes=chains)
+            for size in {p.block_size for p in serving}:
+                chains[size] = self.index.hash_prompt(model, size, tokens, lora_name=lora_name,
+                                                      extra_keys=salted)  # fmt: skip
+            hits = self.index.lookup(model, own_hashes=chains, lora_name=lora_name)
             if self.config.credit_sent_prefixes and len(self.sent):
                 for size, chain in chains.items():
                     same = [p.worker_id for p in profiles if p.block_size == size]

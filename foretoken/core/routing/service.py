@@ -245,10 +245,11 @@ class RouteService:
     def predict(
         self, model: ModelName, tokens: Sequence[int] | np.ndarray, now_s: float,
         prompt_tokens: int | None = None, output_tokens: int | None = None,
-        cache_salt: str | None = None,
+        cache_salt: str | None = None, lora_name: str | None = None,
     ) -> list[Candidate]:  # fmt: skip
         out = output_tokens or self.config.default_output_tokens
-        return self.predictions.candidates(model, tokens, now_s, prompt_tokens, out, cache_salt)
+        return self.predictions.candidates(model, tokens, now_s, prompt_tokens, out, cache_salt,
+                                           lora_name)  # fmt: skip
 
     # ------------------------------------------------------------------ decisions
 
@@ -265,7 +266,8 @@ class RouteService:
             self.controls.tick(now_s)
             query = self._with_class_defaults(query)
         candidates = self.predict(query.model, query.tokens, now_s, query.prompt_tokens,
-                                  query.expected_output_tokens, query.cache_salt)  # fmt: skip
+                                  query.expected_output_tokens, query.cache_salt,
+                                  query.lora_name)  # fmt: skip
         if not candidates:
             return self._remember(self._no_candidate(query, ts))
         result = self._decide(query, candidates, now_s, ts)

@@ -216,8 +216,12 @@ def _wire_event(event: KvEvent, encoding: Encoding, block_size: int) -> msgspec.
 
 
 def _extra_keys(event: BlockStored) -> list[list[Any] | None]:
-    if not event.extra_keys:
-        return [None] * len(event.block_hashes)
-    if len(event.extra_keys) != len(event.block_hashes):
+    """One entry per block, as vLLM's block manager writes them: a LoRA's name first in
+    every block's keys (``generate_block_hash_extra_keys``), then the others."""
+    if event.extra_keys and len(event.extra_keys) != len(event.block_hashes):
         raise ValueError("extra_keys has one entry per block")
-    return [msgspec.json.decode(entry) if entry else None for entry in event.extra_keys]
+    entries = [msgspec.json.decode(e) if e else None for e in event.extra_keys] or (
+        [None] * len(event.block_hashes))  # fmt: skip
+    if event.lora_name is not None:
+        return [[event.lora_name, *(e or [])] for e in entries]
+    return entries

@@ -223,11 +223,12 @@ async def count_tokens(request: web.Request) -> web.Response:
     return web.json_response({"input_tokens": len(tokens)})
 
 
-def _model(model_id: str) -> dict[str, Any]:
+def _model(model_id: str, parent: str | None = None) -> dict[str, Any]:
     # The fields of both SDKs' model objects (OpenAI's Model, Anthropic's ModelInfo).
-    # ``root``/``parent`` as vLLM's own /v1/models (``vllm bench serve`` reads ``root``).
+    # ``root``/``parent`` as vLLM's own /v1/models (``vllm bench serve`` reads ``root``; a
+    # LoRA adapter's ``parent`` is its base model).
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "foretoken",
-            "root": model_id, "parent": None, "type": "model", "display_name": model_id,
+            "root": model_id, "parent": parent, "type": "model", "display_name": model_id,
             "created_at": "1970-01-01T00:00:00Z"}  # fmt: skip
 
 
@@ -236,6 +237,7 @@ async def models(request: web.Request) -> web.Response:
     if not state.authorized(request):
         return unauthorized(errors.anthropic_shape(request))
     data = [_model(m) for m in state.models]
+    data += [_model(a, base) for a, base in sorted(state.adapters.items())]
     return web.json_response({"object": "list", "data": data, "has_more": False,
                               "first_id": data[0]["id"] if data else None,
                               "last_id": data[-1]["id"] if data else None})  # fmt: skip
@@ -246,11 +248,12 @@ async def model(request: web.Request) -> web.Response:
     if not state.authorized(request):
         return unauthorized(errors.anthropic_shape(request))
     model_id = request.match_info["model"]
-    if model_id not in state.models:
-        message = f"unknown model {model_id!r}: not served here; served: {state.models}"
+    if model_id not in state.models and model_id not in state.adapters:
+        served = state.models + sorted(state.adapters)
+        message = f"unknown model {model_id!r}: not served here; served: {served}"
         return errors.error(errors.anthropic_shape(request), 404, message, param="model",
                             code="model_not_found")  # fmt: skip
-    return web.json_response(_model(model_id))
+    return web.json_response(_model(model_id, state.adapters.get(model_id)))
 
 
 async def health(request: web.Request) -> web.Response:

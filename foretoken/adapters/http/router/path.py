@@ -82,6 +82,8 @@ class RouterState:
             self.settings, self.engines, on_fallback=lambda r: fallbacks.labels(r).inc()
         )
         self.models = sorted({e.model for e in self.engines.values()})
+        # LoRA adapter → its base model (a client names the adapter as its model)
+        self.adapters = {a: e.model for e in self.engines.values() for a in e.lora_adapters}
         self.keys = edge.api_keys(self.settings)
         self.forward_headers = tuple(h.lower() for h in cfg.forward_headers)
         # An idle timeout, not a total one: a healthy stream (a long answer) is never cut;
@@ -144,8 +146,9 @@ async def tokens_of(state: RouterState, model: str, text: str | None, ids: np.nd
 
 
 def check_model(state: RouterState, model: str) -> None:
-    if model not in state.models:
-        raise RequestError(f"unknown model {model!r}; served: {state.models}", status=404,
+    if model not in state.models and model not in state.adapters:
+        served = state.models + sorted(state.adapters)
+        raise RequestError(f"unknown model {model!r}; served: {served}", status=404,
                            param="model", code="model_not_found")  # fmt: skip
 
 
@@ -153,8 +156,10 @@ async def place(state: RouterState, request: web.Request, body: Any, tokens: np.
                 expected_output: int | None) -> Placement:  # fmt: skip
     opts = options(state.settings, body, request.headers)
     request_id, waited = state.routing.attempt(opts.client_id, opts.already_waited_s)
+    base = state.adapters.get(body.model)  # a LoRA adapter: routed among its base's engines
     return Placement(
-        request_id=request_id, client_id=opts.client_id, model=ModelName(body.model),
+        request_id=request_id, client_id=opts.client_id, model=ModelName(base or body.model),
+        lora_name=body.model if base is not None else None,
         token_ids=tokens, max_queue_wait_s=opts.max_queue_wait_s, already_waited_s=waited,
         workload_class=opts.workload_class, prefer_cache_hit=opts.prefer_cache_hit,
         conversation_id=opts.conversation_id, expected_output_tokens=expected_output,

@@ -68,6 +68,13 @@ class Placement:
     conversation_id: str | None
     expected_output_tokens: int | None
     cache_salt: str | None = None
+    lora_name: str | None = None  # the client's model when it names a LoRA adapter
+
+    def served_by(self, engine: EngineConfig) -> bool:
+        """The engine serves this request's model (and its LoRA adapter, if it names one)."""
+        return engine.model == self.model and (
+            self.lora_name is None or self.lora_name in engine.lora_adapters
+        )
 
     def query(self) -> RouteQuery:
         return RouteQuery(
@@ -76,6 +83,7 @@ class Placement:
             already_waited_s=self.already_waited_s, workload_class=self.workload_class,
             prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
             expected_output_tokens=self.expected_output_tokens, cache_salt=self.cache_salt,
+            lora_name=self.lora_name,
         )  # fmt: skip
 
     def rpc(self) -> bytes:
@@ -86,6 +94,7 @@ class Placement:
             already_waited_s=self.already_waited_s, workload_class=self.workload_class,
             prefer_cache_hit=self.prefer_cache_hit, conversation_id=self.conversation_id,
             expected_output_tokens=self.expected_output_tokens, cache_salt=self.cache_salt,
+            lora_name=self.lora_name,
         ))  # fmt: skip
 
 
@@ -303,7 +312,7 @@ class Routing:
         """The route service knows no worker of a model the engines file serves: it is
         restarting or catching up on ``workers``; the router's own policy can serve."""
         return grant.reject_reason == RejectReason.NO_WORKER_FOR_MODEL and any(
-            e.model == p.model for e in self.engines.values()
+            map(p.served_by, self.engines.values())
         )
 
     def fallback(self, p: Placement) -> tuple[Grant, str | None]:
@@ -313,7 +322,7 @@ class Routing:
         ``fallback_overload_tokens``."""
         cfg = self.settings.router
         n = len(p.token_ids)
-        candidates = [w for w, e in self.engines.items() if e.model == p.model]
+        candidates = [w for w, e in self.engines.items() if p.served_by(e)]
 
         def can_serve(w: str) -> bool:
             return self.engines[w].fits_prompt(n)

@@ -288,6 +288,21 @@ def test_vllm_extra_keys_one_entry_per_block() -> None:
     assert stored.extra_keys[1] == ""
 
 
+def test_vllm_lora_name_first_in_every_blocks_keys_is_the_seeds_not_a_key() -> None:
+    """vLLM keys every block of a LoRA with its name (then a salt on the first): the name is
+    the chain's seed already, so it is taken out of the keys (older engines without
+    extra_keys and newer ones hash the adapter's blocks alike, as a LoRA lookup does)."""
+    keys = [["ada", "salt"], ["ada"], ["ada", "mm", 3]]
+    event = stored_map(block_hashes=[1, 2, 3], token_ids=[0] * (3 * BS), lora_name="ada",
+                       extra_keys=keys)  # fmt: skip
+    (stored,) = vllm([1.0, [event], 0]).batch.events
+    assert isinstance(stored, BlockStored) and stored.lora_name == "ada"
+    assert stored.extra_keys == ('["salt"]', "", '["mm",3]')
+    only = stored_map(block_hashes=[1], token_ids=[0] * BS, lora_name="ada", extra_keys=[["ada"]])
+    (plain,) = vllm([1.0, [only], 0]).batch.events
+    assert isinstance(plain, BlockStored) and plain.extra_keys == ()
+
+
 # --------------------------------------------------------------------------- SGLang
 
 

@@ -40,6 +40,16 @@ def _load(tmp_path: Path, text: str | bytes) -> list[EngineConfig]:
         (GOOD + 'tokenizer = "/proc"\n', "nor a directory holding tokenizer.json"),
         (GOOD + 'chat_template = "/no/such/template.jinja"\n', "chat_template"),
         (GOOD.replace('"w0"', '""'), "worker_id must not be empty"),
+        (GOOD + 'lora_adapters = ["a", "a"]\n', "lora_adapters must be distinct"),
+        (GOOD + 'lora_adapters = [" "]\n', "lora_adapters must be distinct"),
+        (GOOD + 'lora_adapters = ["m"]\n', "also a base model's name"),
+        (
+            GOOD
+            + 'lora_adapters = ["a"]\n'
+            + GOOD.replace('"w0"', '"w1"').replace('"m"', '"m2"')
+            + 'lora_adapters = ["a"]\n',
+            "served on two base models",
+        ),
         (GOOD + '[[engine]]\nworker_id = "w1"\n', "engine"),
         ("engines = []\n", "no engines"),
         (GOOD + GOOD, "duplicate worker_id"),
@@ -54,6 +64,11 @@ def test_a_mistake_is_one_line_naming_the_file_and_the_key(
     message = str(info.value)
     assert message.startswith(f"engines file {tmp_path / 'engines.toml'}") and says in message
     assert "\n" not in message
+
+
+def test_lora_adapters_reach_the_registration(tmp_path: Path) -> None:
+    (engine,) = _load(tmp_path, GOOD + 'lora_adapters = ["ada", "bda"]\n')
+    assert engine.registration(ts=0.0).lora_adapters == ("ada", "bda")
 
 
 def test_a_model_directory_is_a_tokenizer(tmp_path: Path) -> None:

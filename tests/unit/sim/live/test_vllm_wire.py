@@ -54,7 +54,7 @@ def test_map_encoding_matches_a_hand_built_vllm_message_byte_for_byte() -> None:
         "lora_id": None,
         "medium": "CPU",
         "lora_name": "adapter",
-        "extra_keys": [None, None],
+        "extra_keys": [["adapter"], ["adapter"]],  # vLLM keys a LoRA's blocks with its name
         "group_idx": 1,
         "kv_cache_spec_kind": "full_attention",
     }
@@ -67,7 +67,7 @@ def test_map_encoding_matches_a_hand_built_vllm_message_byte_for_byte() -> None:
 def test_array_encoding_matches_a_hand_built_legacy_message_byte_for_byte() -> None:
     # array_like events: the tag then every field positionally, nils written out.
     stored = ["BlockStored", [H1, H2], 9, [1, 2, 3, 4, 5, 6, 7, 8], 4, None, "CPU"]
-    stored += ["adapter", [None, None], 1, "full_attention", None]
+    stored += ["adapter", [["adapter"], ["adapter"]], 1, "full_attention", None]
     removed = ["BlockRemoved", [H2], "GPU", 0]
     expected = msgspec.msgpack.encode([12.5, [stored, removed, ["AllBlocksCleared"]], 0])
     out = encode_vllm_frames(b"", 1 << 40, 12.5, FIXED_EVENTS, encoding="array", block_size=BS)
