@@ -208,3 +208,35 @@ def test_the_model_list_has_what_vllm_bench_reads(router: StubRouter) -> None:
     """``vllm bench serve`` without --model reads ``data[0]["root"]`` (a KeyError before)."""
     listing = json.loads(_get(router.url + "/v1/models"))
     assert listing["data"][0]["root"] == MODEL and listing["data"][0]["parent"] is None
+
+
+def test_an_engine_that_does_not_answer_is_a_502_in_each_apis_shape(
+    kafka_settings: Settings, tmp_path: Path
+) -> None:
+    """An engine that refuses the connection: every API, streamed or not, gets a 502 in its
+    own error shape before any byte of a stream (before: a streamed request got a 200 with
+    an empty body, which the SDKs read as a stream that ended without an answer)."""
+    from tests.conftest import free_port
+
+    dead = tmp_path / "engines.toml"
+    dead.write_text(f'[[engines]]\nworker_id = "gone"\nmodel = "{MODEL}"\n'
+                    f'http_url = "http://127.0.0.1:{free_port()}"\n')  # fmt: skip
+    with stub_router(kafka_settings, tmp_path, dead) as r:
+        client = openai.OpenAI(base_url=r.url + "/v1", api_key="k", max_retries=0)
+        for stream in (False, True):
+            with pytest.raises(openai.InternalServerError, match="did not answer") as info:
+                out = client.chat.completions.create(
+                    model=MODEL, max_tokens=2, stream=stream,
+                    messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+                list(out) if stream else None  # type: ignore[call-overload]
+            assert info.value.status_code == 502
+            with pytest.raises(openai.InternalServerError):
+                resp = client.responses.create(model=MODEL, input="hi", stream=stream)
+                list(resp) if stream else None  # type: ignore[call-overload]
+            a = anthropic.Anthropic(base_url=r.url, api_key="k", max_retries=0)
+            with pytest.raises(anthropic.InternalServerError) as err:
+                msg = a.messages.create(model=MODEL, max_tokens=2, stream=stream,
+                                        messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+                list(msg) if stream else None  # type: ignore[call-overload]
+            assert err.value.status_code == 502
+    assert "Traceback" not in r.log_text()

@@ -47,7 +47,7 @@ def test_a_response_has_the_shape_the_sdk_reads_and_the_engine_gets_the_chat(
                {"role": "user", "content": [{"type": "input_text", "text": ECHO}]},
                {"role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
                {"type": "message", "role": "user", "content": "again"}],
-        metadata={"k": "v"}, store=False, tool_choice="auto",
+        metadata={"k": "v"}, store=False, tool_choice="auto", extra_body={"cache_salt": "t-1"},
     )  # fmt: skip
     assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
     assert r.status in ("completed", "incomplete") and r.metadata == {"k": "v"}
@@ -55,13 +55,15 @@ def test_a_response_has_the_shape_the_sdk_reads_and_the_engine_gets_the_chat(
     sent = json.loads(r.output_text)  # the stub echoes the body it got
     assert sent["messages"] == [
         {"role": "system", "content": "be brief"}, {"role": "system", "content": "dev"},
-        {"role": "user", "content": ECHO}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": ECHO}]},  # parts stay parts
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
         {"role": "user", "content": "again"},
     ]  # fmt: skip
     assert sent["max_tokens"] == 3 and sent["temperature"] == 0.5 and sent["user"] == "u-1"
-    assert sent["stream"] is True
+    assert sent["stream"] is True and sent["cache_salt"] == "t-1"
     assert r.usage is not None and r.usage.input_tokens > 0 and r.usage.output_tokens > 0
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.input_tokens_details.cache_write_tokens == 0
 
 
 def test_a_short_limit_is_an_incomplete_response(router: StubRouter) -> None:
@@ -119,6 +121,8 @@ def test_the_async_client_streams(router: StubRouter) -> None:
      "input[0].type"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"seed": 3}, "seed"),
+    ({"store": True}, "store"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
 ])  # fmt: skip
 def test_what_cannot_be_honoured_is_a_400_naming_it(
     router: StubRouter, fields: dict[str, Any], names: str
@@ -139,8 +143,10 @@ def test_nothing_asked_is_taken(router: StubRouter) -> None:
     extras: list[dict[str, Any]] = [
         {"tools": []}, {"tool_choice": "none"}, {"text": {"format": {"type": "text"}}},
         {"truncation": "disabled"}, {"include": []}, {"parallel_tool_calls": False},
+        {"store": False},
+        {"input": [{"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+                   {"role": "user", "content": "x"}]},
     ]  # fmt: skip
     for extra in extras:
-        assert client.responses.create(
-            model=MODEL, input="x", max_output_tokens=1, **extra
-        ).output_text  # type: ignore[call-overload]
+        body = {"model": MODEL, "input": "x", "max_output_tokens": 1} | extra
+        assert client.responses.create(**body).output_text  # type: ignore[call-overload]

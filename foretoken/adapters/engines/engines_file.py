@@ -92,7 +92,9 @@ class EngineConfig(EngineReport, kw_only=True, frozen=True, forbid_unknown_field
     # was started with; default: the one beside the tokenizer.json (tokenizer_config.json).
     chat_template: str | None = None
     # LoRA adapters the engine serves (vLLM --lora-modules / SGLang --lora-paths names): a
-    # request whose model names one goes to an engine that has it, credited with its blocks.
+    # request whose model names one goes to an engine that has it, credited with its blocks
+    # when the engine's KV events name the adapter (vLLM's lora_name, since PR #27577);
+    # SGLang's events do not, so an adapter's requests there are credited nothing.
     lora_adapters: tuple[str, ...] = ()
 
     def fits_prompt(self, prompt_tokens: int) -> bool:

@@ -343,8 +343,11 @@ class RouteService:
             scale.decided(rid, wid, raw, predicted_ttft_s - queue_wait_s)
 
     def _no_candidate(self, query: RouteQuery, ts: float) -> RouteDecision:
-        """No worker of the model can hold the prompt, or none serves the model."""
-        if self.book.serves(query.model):
+        """No worker of the model can hold the prompt, or none serves the model (or the
+        LoRA adapter it names: a router whose engines file has it falls back to its own)."""
+        lora = query.lora_name
+        serving = any(lora in p.lora_adapters for p in self.book.of_model(query.model))
+        if self.book.serves(query.model) and (lora is None or serving):
             reason, retry = RejectReason.PROMPT_EXCEEDS_KV_CAPACITY, None
         else:
             reason, retry = RejectReason.NO_WORKER_FOR_MODEL, self.config.max_retry_after_s

@@ -156,7 +156,9 @@ def engine_refusal(m: Measured, anthropic: bool, request_id: str) -> web.Respons
     an OpenAI caller."""
     status = m.engine_status if 400 <= m.engine_status < 500 or m.engine_status == 503 else 502
     message = m.error or f"engine answered {m.engine_status}"
-    if status == 502:
+    if m.engine_status == 0:  # no answer at all: unreachable (502) or silent (504)
+        status, message = (504 if m.timed_out else 502), f"the engine did not answer: {message}"
+    elif status == 502:
         message = f"engine answered {m.engine_status}: {message}"
     headers = {"x-request-id": request_id}
     retry_after = m.engine_retry_after

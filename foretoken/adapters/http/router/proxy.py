@@ -113,7 +113,7 @@ class Measured:
     prompt_tokens: int | None = None
     status: str = "ok"
     error: str | None = None
-    engine_status: int = 200
+    engine_status: int = 200  # 0: the engine never answered (connect failed, or silent)
     engine_body: bytes = b""
     engine_content_type: str = "application/json"
     engine_retry_after: str | None = None  # an engine's own 429/503 says when to come back
@@ -181,6 +181,7 @@ async def forward(
     Raises only the client's disconnect (:class:`ClientGone`) and cancellation."""
     m = Measured()
     error: str | None = None
+    opened = False
     try:
         async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
             m.engine_status = resp.status
@@ -191,6 +192,7 @@ async def forward(
                 m.status, m.error = "error", engine_error_message(resp.status, m.engine_body)
                 return m
             await relay.open()
+            opened = True
             buffer, crlf = b"", False
             async for data in resp.content.iter_any():
                 buffer += data
@@ -212,6 +214,9 @@ async def forward(
     except aiohttp.ClientError as exc:
         error = f"engine stream broke: {type(exc).__name__}: {exc}".rstrip(": ")
     m.done_s = time.monotonic()
+    if error is not None and not opened:  # no answer at all (refused, unreachable, silent):
+        m.engine_status, m.status, m.error = 0, "error", error  # the client's is not begun
+        return m
     if error is None and m.error is None and not m.done_seen:
         error = "engine stream ended without [DONE]"
     if error is not None and m.status == "ok":

@@ -77,7 +77,7 @@ class _Common(msgspec.Struct, kw_only=True):
     add_special_tokens: bool | None = None
     # vLLM's: the engine keys the prompt's first block with it (read so that the cache
     # credited is the one the engine reuses; forwarded as sent)
-    cache_salt: ShortText | None = None
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
     # foretoken's own (never forwarded)
     max_queue_wait_s: float | None = None
     already_waited_s: float | None = None

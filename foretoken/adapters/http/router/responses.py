@@ -39,7 +39,7 @@ from foretoken.adapters.http.router.requests import (
 )
 from foretoken.core.tokenizer import transcript
 
-TEXT_PARTS: Final = ("input_text", "output_text", "text")
+TEXT_PARTS: Final = ("input_text", "output_text", "text", "refusal")
 ROLES: Final = {"user": "user", "system": "system", "developer": "system",
                 "assistant": "assistant"}  # fmt: skip
 _encoder = msgspec.json.Encoder()
@@ -52,6 +52,7 @@ class Part(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     type: ShortText
     text: str | None = None
+    refusal: str | None = None  # an assistant turn's refusal part (sent back as history)
     annotations: Any = None  # an assistant turn's output_text (sent back as history)
     logprobs: Any = None
     image_url: Any = None
@@ -81,14 +82,18 @@ class ResponsesBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     user: ShortText | None = None
-    metadata: dict[str, str] | None = None
-    # accepted: nothing to do for them here
+    metadata: Annotated[dict[Annotated[str, Meta(max_length=64)],
+                             Annotated[str, Meta(max_length=512)]],
+                        Meta(max_length=16)] | None = None  # OpenAI's limits  # fmt: skip
+    # vLLM's: the engine keys the prompt's first block with it (forwarded)
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    # accepted: nothing to do for them here (store: false only; nothing is stored)
     store: bool | None = None
     service_tier: ShortText | None = None
     truncation: Literal["disabled"] | None = None
     parallel_tool_calls: bool | None = None
     prompt_cache_key: ShortText | None = None
-    prompt_cache_retention: ShortText | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     safety_identifier: ShortText | None = None
     stream_options: Any = None
     # refused unless they ask for nothing (below)
@@ -124,7 +129,9 @@ def _asks_nothing(name: str, value: Any, body: ResponsesBody) -> bool:
     return name == "reasoning" and value == {}
 
 
-def _text(content: str | list[Part] | None, where: str) -> str:
+def _texts(content: str | list[Part] | None, where: str) -> str | list[str]:
+    """A message's text: a string, or its parts' texts (sent to the engine as parts, which
+    its chat template joins as it does for chats)."""
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
@@ -133,24 +140,32 @@ def _text(content: str | list[Part] | None, where: str) -> str:
             raise RequestError(f"{where}[{j}].type: content parts of type {part.type!r} are not "
                                "supported by this router (text only)",
                                param=f"{where}[{j}].type")  # fmt: skip
-        if part.text is None:
-            raise RequestError(f"{where}[{j}].text is required", param=f"{where}[{j}].text")
-        texts.append(part.text)
-    return "".join(texts)
+        text = part.refusal if part.type == "refusal" else part.text
+        if text is None:
+            field = "refusal" if part.type == "refusal" else "text"
+            raise RequestError(f"{where}[{j}].{field} is required",
+                               param=f"{where}[{j}].{field}")  # fmt: skip
+        texts.append(text)
+    return texts
 
 
+INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 REFUSED: Final = (
     "tools", "tool_choice", "previous_response_id", "conversation", "reasoning", "include",
     "background", "prompt", "text", "top_logprobs", "max_tool_calls",
 )  # fmt: skip
 
 
-def _turns(body: ResponsesBody) -> list[tuple[str, str]]:
+def _turns(body: ResponsesBody) -> list[tuple[str, str | list[str]]]:
     for name in REFUSED:
         if not _asks_nothing(name, getattr(body, name), body):
             raise RequestError(f"{name} is not supported by this router (a stateless, text-only "
                                "Responses API)", param=name)  # fmt: skip
-    turns = [("system", body.instructions)] if body.instructions else []
+    if body.store:
+        raise RequestError("store: true is not supported by this router (it keeps no "
+                           "responses): send store: false", param="store")  # fmt: skip
+    turns: list[tuple[str, str | list[str]]] = (
+        [("system", body.instructions)] if body.instructions else [])  # fmt: skip
     if isinstance(body.input, str):
         return [*turns, ("user", body.input)]
     for i, item in enumerate(body.input):
@@ -162,7 +177,7 @@ def _turns(body: ResponsesBody) -> list[tuple[str, str]]:
         if role is None:
             raise RequestError(f"input[{i}].role must be one of {sorted(ROLES)}",
                                param=f"input[{i}].role")  # fmt: skip
-        turns.append((role, _text(item.content, f"input[{i}].content")))
+        turns.append((role, _texts(item.content, f"input[{i}].content")))
     if not turns:
         raise RequestError("input has no messages", param="input")
     return turns
@@ -176,14 +191,18 @@ def decode_responses(raw: bytes) -> tuple[ResponsesBody, str, bytes, dict[str, A
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
     turns = _turns(body)
-    chat: dict[str, Any] = {"messages": [{"role": r, "content": t} for r, t in turns]}
+    chat: dict[str, Any] = {"messages": [
+        {"role": r, "content": t if isinstance(t, str) else
+         [{"type": "text", "text": x} for x in t]} for r, t in turns]}  # fmt: skip
     upstream: dict[str, Any] = {"model": body.model, **chat, "stream": True,
                                 "stream_options": {"include_usage": True}}  # fmt: skip
-    for name, sent in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
-                       ("top_p", "top_p"), ("user", "user")):  # fmt: skip
+    sent_as = (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
+               ("top_p", "top_p"), ("user", "user"), ("cache_salt", "cache_salt"))  # fmt: skip
+    for name, sent in sent_as:
         if getattr(body, name) is not None:
             upstream[sent] = getattr(body, name)
-    return body, transcript(turns), _encoder.encode(upstream), chat
+    flat = [(r, t if isinstance(t, str) else "".join(t)) for r, t in turns]  # as the sim joins
+    return body, transcript(flat), _encoder.encode(upstream), chat
 
 
 class ResponsesRelay:
@@ -210,21 +229,24 @@ class ResponsesRelay:
                 "logprobs": []}  # fmt: skip
 
     def _item(self, status: str) -> dict[str, Any]:
-        content = [self._part()] if status == "completed" else []
+        content = [self._part()] if status != "in_progress" else []
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
                 "content": content}  # fmt: skip
 
     def response_doc(self, status: str, m: Measured | None = None,
                      error: str | None = None) -> dict[str, Any]:  # fmt: skip
         b = self.body
-        done = status in ("completed", "incomplete")
+        done = status in ("completed", "incomplete") or (status == "failed" and self.text)
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "error": {"code": "server_error", "message": error} if error else None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
-            else None,
+            "incomplete_details": {"reason": INCOMPLETE.get(self.finish_reason or "",
+                                                            "max_output_tokens")}
+            if status == "incomplete" else None,
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
-            "model": b.model, "output": [self._item("completed")] if done else [],
+            "model": b.model,
+            "output": [self._item("completed" if status == "completed" else "incomplete")]
+            if done else [],
             "parallel_tool_calls": b.parallel_tool_calls is not False,
             "previous_response_id": None, "reasoning": None, "store": False,
             "temperature": b.temperature, "top_p": b.top_p, "text": {"format": {"type": "text"}},
@@ -236,7 +258,8 @@ class ResponsesRelay:
         prompt = m.prompt_tokens or self.input_tokens
         cached = m.cached_tokens or 0
         return {"input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": min(cached, prompt)},
+                "input_tokens_details": {"cached_tokens": min(cached, prompt),
+                                         "cache_write_tokens": 0},
                 "output_tokens": m.output_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": prompt + m.output_tokens}  # fmt: skip
@@ -286,13 +309,16 @@ class ResponsesRelay:
 
     @property
     def status(self) -> str:
-        return "incomplete" if self.finish_reason == "length" else "completed"
+        """``incomplete`` when the length or a content filter cut the text (``failed`` when
+        the engine aborted it: ``finish``)."""
+        return "incomplete" if self.finish_reason in INCOMPLETE else "completed"
 
     async def finish(self, m: Measured) -> None:
         """The stream's end for a streaming client (after the measurement is complete)."""
         assert self.response is not None
-        if m.status == "error":
-            failed = self.response_doc("failed", m, m.error or "engine error")
+        if m.status == "error" or self.finish_reason == "abort":
+            error = m.error or "the engine aborted the request"
+            failed = self.response_doc("failed", m, error)
             await write(self.response, self._event("response.failed", {"response": failed}))
             return
         where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
@@ -302,10 +328,13 @@ class ResponsesRelay:
                     self._event("response.output_text.done", {**where, "text": text,
                                                               "logprobs": []})
                     + self._event("response.content_part.done", {**where, "part": self._part()})
-                    + self._event("response.output_item.done",
-                                  {"output_index": 0, "item": self._item("completed")})
+                    + self._event("response.output_item.done", {
+                        "output_index": 0,
+                        "item": self._item("completed" if status == "completed" else status)})
                     + self._event(f"response.{status}",
                                   {"response": self.response_doc(status, m)}))  # fmt: skip
 
     def answer(self, m: Measured) -> dict[str, Any]:
+        if self.finish_reason == "abort":
+            return self.response_doc("failed", m, "the engine aborted the request")
         return self.response_doc(self.status, m)
