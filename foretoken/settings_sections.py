@@ -144,6 +144,10 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     # The longest an engine may stay silent: to connect, before its first token, or between
     # two reads of its stream (an idle timeout: a long answer that keeps coming is not cut).
     engine_timeout_s: Seconds = 600.0
+    # An engine that did not answer at all (connection refused, or silent that long) gets no
+    # request from this router for this long: a grant for it is replaced by the fallback's
+    # among the others (a dead engine looks idle, and an idle engine attracts work).
+    engine_down_s: Duration = 5.0
     # Request bodies: the largest the router reads (413 past it; the route service takes the
     # same limit), and how long one may take to arrive (408 after).
     max_body_bytes: Positive = 32 * 1024 * 1024

@@ -210,6 +210,34 @@ def test_the_model_list_has_what_vllm_bench_reads(router: StubRouter) -> None:
     assert listing["data"][0]["root"] == MODEL and listing["data"][0]["parent"] is None
 
 
+def test_a_dead_engine_gets_no_more_requests_once_it_failed(
+    kafka_settings: Settings, engines: Path, tmp_path: Path
+) -> None:
+    """A dead engine looks idle, and least-outstanding (the fallback, as here) or a
+    predictor sends it work: after its first refused connection the router sends the next
+    requests to the live engine (engine_down_s), so a client sees one 502, not one in two."""
+    from tests.conftest import free_port
+
+    live = tomllib.loads(engines.read_text())["engines"][0]
+    both = tmp_path / "engines.toml"
+    both.write_text(f'[[engines]]\nworker_id = "gone"\nmodel = "{MODEL}"\n'
+                    f'http_url = "http://127.0.0.1:{free_port()}"\n'
+                    f'[[engines]]\nworker_id = "live"\nmodel = "{MODEL}"\n'
+                    f'http_url = "{live["http_url"]}"\n')  # fmt: skip
+    with stub_router(kafka_settings, tmp_path, both,
+                     FORETOKEN__ROUTER__ENGINE_DOWN_S="60") as r:  # fmt: skip
+        client = openai.OpenAI(base_url=r.url + "/v1", api_key="k", max_retries=0)
+        failures = 0
+        for _ in range(8):
+            try:
+                client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+            except openai.InternalServerError:
+                failures += 1
+        # the first request goes to the dead one (idle, first in the file), none after it
+        assert failures == 1
+    assert "Traceback" not in r.log_text()
+
+
 def test_an_engine_that_does_not_answer_is_a_502_in_each_apis_shape(
     kafka_settings: Settings, tmp_path: Path
 ) -> None:

@@ -223,6 +223,8 @@ async def relay_to_engine(
         raise
     finally:
         state.routing.sent(worker, -n)
+    if measured.engine_status == 0:  # no answer at all: no more requests there for a while
+        state.routing.unreachable(worker)
     publish_completion(state, p, worker, engine, arrived, measured, measured.status,
                        measured.error)  # fmt: skip
     state.metrics.outcome[measured.status].inc()

@@ -204,6 +204,8 @@ class Routing:
     # since counts as waited).
     attempts: OrderedDict[str, float] = field(default_factory=OrderedDict)
     fallbacks: dict[str, int] = field(default_factory=dict)
+    # Engines that did not answer at all → until when no request goes to them.
+    down_until: dict[str, float] = field(default_factory=dict)
     # Called with the reason of each fallback decision (the metric; a diff of ``fallbacks``
     # around an await would count the concurrent requests' fallbacks too).
     on_fallback: Callable[[str], None] | None = None
@@ -255,6 +257,14 @@ class Routing:
         self.outstanding[worker] = Load(max(0, load.prompt_tokens + prompt_tokens),
                                         max(0, requests))  # fmt: skip
 
+    def unreachable(self, worker: str) -> None:
+        """``worker`` did not answer (refused, or silent for the engine timeout)."""
+        self.down_until[worker] = time.monotonic() + self.settings.router.engine_down_s
+
+    def is_down(self, worker: str | None) -> bool:
+        until = self.down_until.get(worker) if worker is not None else None
+        return until is not None and time.monotonic() < until
+
     def _fell_back(self, reason: str) -> None:
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
         if self.on_fallback is not None:
@@ -288,6 +298,9 @@ class Routing:
                     decided = _response.decode(body)
                     if self._route_service_is_blind(decided.grant, p):
                         self._fell_back("no_worker_at_route_service")
+                        return self.fallback(p)
+                    if self.is_down(decided.grant.worker_id):  # it did not answer just now
+                        self._fell_back("engine_down")
                         return self.fallback(p)
                     return decided.grant, decided.http_url
                 if resp.status == 413:  # the route service's own body limit is lower
@@ -323,6 +336,8 @@ class Routing:
         cfg = self.settings.router
         n = len(p.token_ids)
         candidates = [w for w, e in self.engines.items() if p.served_by(e)]
+        up = [w for w in candidates if not self.is_down(w)]
+        candidates = up or candidates  # every one down: try them anyway
 
         def can_serve(w: str) -> bool:
             return self.engines[w].fits_prompt(n)

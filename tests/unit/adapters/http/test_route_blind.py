@@ -68,3 +68,42 @@ def test_a_model_nobody_serves_is_still_refused_by_the_route_service() -> None:
     grant, url, fallbacks = asyncio.run(_decide("other"))
     assert not grant.admitted and grant.reject_reason == RejectReason.NO_WORKER_FOR_MODEL
     assert url is None and fallbacks == {}
+
+
+def test_a_grant_for_an_engine_that_just_failed_goes_to_another() -> None:
+    """The route service does not know yet that an engine stopped answering (a dead engine
+    looks idle): the router replaces its grant for it by the fallback's among the others."""
+
+    async def run() -> tuple[Grant, Grant, dict[str, int]]:
+        async def route(request: web.Request) -> web.Response:
+            p = _placement("m")
+            chosen = decision(p.query(), 0.0, None, admitted=True, reason=None,
+                              retry_after_s=None, worker_id="w0")  # fmt: skip
+            body = msgspec.json.encode(RouteResponse(grant=as_record(Grant, chosen),
+                                                     http_url="http://127.0.0.1:1"))  # fmt: skip
+            return web.Response(body=body, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/route", route)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        settings = load_settings(env={"FORETOKEN__ROUTER__ROUTE_URL": f"http://127.0.0.1:{port}"})
+        engines = {w: EngineConfig(worker_id=w, model="m", http_url=f"http://127.0.0.1:{i + 1}")
+                   for i, w in enumerate(("w0", "w1"))}  # fmt: skip
+        routing = Routing(settings=settings, engines=engines)
+        await routing.start()
+        try:
+            before, _ = await routing.decide(_placement("m"))
+            routing.unreachable("w0")
+            after, _ = await routing.decide(_placement("m"))
+        finally:
+            await routing.stop()
+            await runner.cleanup()
+        return before, after, routing.fallbacks
+
+    before, after, fallbacks = asyncio.run(run())
+    assert before.worker_id == "w0" and not before.fallback
+    assert after.worker_id == "w1" and after.fallback and fallbacks == {"engine_down": 1}
