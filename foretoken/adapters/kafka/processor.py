@@ -283,6 +283,7 @@ class ProcessorState:
             "overruled_decisions": service.overruled,
             "grants_for_unknown_workers": service.unknown_worker_grants,
             "failed_predictions": service.predictions.failures,
+            "unreachable_workers": service.predictions.health.stats(time.time()),
             "last_failed_prediction": dict(service.predictions.last_failure),
             "future_ts_clamped": self.future_ts,
             "dead_letter_failures": self.dead_letter_failures,

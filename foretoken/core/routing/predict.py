@@ -20,6 +20,7 @@ from foretoken.core.index.state import CacheHit
 from foretoken.core.queue.scheduler import CurveStepCost, NewRequest
 from foretoken.core.routing.config import PredictorConfig
 from foretoken.core.routing.fleet import WorkerBook
+from foretoken.core.routing.health import WorkerHealth
 from foretoken.core.routing.sent_prefixes import SentPrefixes
 from foretoken.core.types import (
     LOWER_TIERS,
@@ -153,6 +154,8 @@ class Predictions:
             ))  # fmt: skip
         # prompts sent and still held by their worker's engine (a credit the index lacks)
         self.sent = SentPrefixes(native=index.backend == "native")
+        # workers that stopped answering (the router said so): out of the candidates a while
+        self.health = WorkerHealth()
         # per worker: the step cost built for its current (curve, step) fit values
         self._costs: dict[WorkerId, tuple[PrefillCurve, StepCost, CurveStepCost]] = {}
         # predictions that raised (a queue model a bad record left unusable): that worker
@@ -186,6 +189,8 @@ class Predictions:
         self.index.age(now_s)  # approximate views forget what their TTL says is gone
         serving = [p for p in self.book.of_model(model)
                    if lora_name is None or lora_name in p.lora_adapters]  # fmt: skip
+        answering = [p for p in serving if not self.health.is_out(p.worker_id, now_s)]
+        serving = answering or serving  # every one out: an outage, not a reason to refuse
         profiles = [p for p in serving if p.fits_prompt(n)]
         chains: dict[int, np.ndarray] = {}
         hits: dict[WorkerId, CacheHit] = {}

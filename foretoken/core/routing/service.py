@@ -158,6 +158,7 @@ class RouteService:
         self.learner.index = index
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> None:
+        self.predictions.health.observe(outcome, now_s)
         if self.controls is not None:
             self.controls.observe_outcome(outcome, now_s)
         scale = self.predictions.wait_scale

@@ -157,7 +157,7 @@ def engine_refusal(m: Measured, anthropic: bool, request_id: str) -> web.Respons
     status = m.engine_status if 400 <= m.engine_status < 500 or m.engine_status == 503 else 502
     message = m.error or f"engine answered {m.engine_status}"
     if m.engine_status == 0:  # no answer at all: unreachable (502) or silent (504)
-        status, message = (504 if m.timed_out else 502), f"the engine did not answer: {message}"
+        status = 504 if m.timed_out else 502  # (the message names it: ENGINE_UNREACHABLE)
     elif status == 502:
         message = f"engine answered {m.engine_status}: {message}"
     headers = {"x-request-id": request_id}

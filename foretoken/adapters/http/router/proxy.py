@@ -30,6 +30,7 @@ import msgspec
 from aiohttp import web
 
 from foretoken.core.cost.samples import decode_step_s
+from foretoken.core.routing.health import ENGINE_UNREACHABLE
 
 ERROR_BODY_MAX_BYTES: Final = 65_536
 MAX_GAPS: Final = 8192  # token gaps kept per stream (a decode step's time needs a few)
@@ -215,7 +216,8 @@ async def forward(
         error = f"engine stream broke: {type(exc).__name__}: {exc}".rstrip(": ")
     m.done_s = time.monotonic()
     if error is not None and not opened:  # no answer at all (refused, unreachable, silent):
-        m.engine_status, m.status, m.error = 0, "error", error  # the client's is not begun
+        m.engine_status, m.status = 0, "error"  # the client's answer is not begun
+        m.error = f"{ENGINE_UNREACHABLE}: {error}"  # the route services take it out a while
         return m
     if error is None and m.error is None and not m.done_seen:
         error = "engine stream ended without [DONE]"
