@@ -197,9 +197,11 @@ def _check_engine(engine: EngineConfig, index: int) -> None:
         if not getattr(engine, name).strip():
             raise EnginesConfigError(f"{name} must not be empty - at `{where}.{name}`")
     adapters = engine.lora_adapters
-    if any(not a.strip() or len(a) > 256 for a in adapters) or len(set(adapters)) < len(adapters):
-        raise EnginesConfigError("lora_adapters must be distinct non-empty names of at most 256 "
-                                 f"characters - at `{where}.lora_adapters`")  # fmt: skip
+    if (any(not a or len(a) > 256 or not a.isprintable() or a != a.strip() for a in adapters)
+            or len(set(adapters)) < len(adapters)):  # fmt: skip
+        raise EnginesConfigError("lora_adapters must be distinct printable names of 1 to 256 "
+                                 "characters, without leading or trailing spaces - at "
+                                 f"`{where}.lora_adapters`")  # fmt: skip
     for name, schemes in _SCHEMES.items():
         url = getattr(engine, name)
         if url is not None and not url.startswith(schemes):

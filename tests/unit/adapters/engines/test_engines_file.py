@@ -42,6 +42,8 @@ def _load(tmp_path: Path, text: str | bytes) -> list[EngineConfig]:
         (GOOD.replace('"w0"', '""'), "worker_id must not be empty"),
         (GOOD + 'lora_adapters = ["a", "a"]\n', "lora_adapters must be distinct"),
         (GOOD + 'lora_adapters = [" "]\n', "lora_adapters must be distinct"),
+        (GOOD + 'lora_adapters = [" ada"]\n', "lora_adapters must be distinct"),
+        (GOOD + 'lora_adapters = ["a\\u0007"]\n', "lora_adapters must be distinct"),
         (GOOD + 'lora_adapters = ["m"]\n', "also a base model's name"),
         (
             GOOD
