@@ -185,6 +185,33 @@ def test_anthropic_fields_reach_the_engine_and_the_answer_has_its_shape(
                           extra_body={"metadata": {"user_id": "u", "plan": "x"}})  # fmt: skip
 
 
+def test_anthropic_tools_reach_the_engine_as_function_tools(router: StubRouter) -> None:
+    a = _anthropic(router.url)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = {"name": "weather", "description": "d", "input_schema": schema}
+    m = a.messages.create(  # type: ignore[call-overload]
+        model=MODEL, max_tokens=2, tools=[tool], tool_choice={"type": "auto"},
+        messages=[{"role": "user", "content": "weather?"},
+                  {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                                     "name": "weather", "input": {"city": "x"}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                "content": "sunny"},
+                                               {"type": "text", "text": ECHO}]}],
+    )  # fmt: skip
+    block = m.content[0]
+    assert block.type == "text"
+    sent = _sent(block.text)
+    assert sent["tools"][0]["function"]["name"] == "weather" and sent["tool_choice"] == "auto"
+    assert [x["role"] for x in sent["messages"]] == ["user", "assistant", "tool", "user"]
+    assert sent["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"city":"x"}'
+    counted = a.messages.count_tokens(
+        model=MODEL,
+        tools=[tool],  # type: ignore[list-item]
+        messages=[{"role": "user", "content": "weather?"}],
+    )
+    assert counted.input_tokens > 0
+
+
 def test_anthropic_stream_events_in_order(router: StubRouter) -> None:
     body = {"model": MODEL, "max_tokens": 2, "stream": True,
             "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip

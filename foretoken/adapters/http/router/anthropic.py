@@ -2,16 +2,18 @@
 
 ``POST /v1/messages`` (streaming or not) and ``POST /v1/messages/count_tokens``. A request is
 decoded strictly (text content blocks, a system prompt as a string or text blocks, stop
-sequences, sampling parameters, ``metadata.user_id``; ``cache_control`` is taken, as the
-engines cache prefixes on their own; anything else — tools, images, thinking, an unknown
-field of the body, a message, a block or ``metadata`` — is refused with a 400 naming it,
-never dropped; ``tools: []``, ``tool_choice: {"type": "none"}`` and ``thinking: {"type":
-"disabled"}`` ask for nothing and are taken) and translated into the chat completion the
+sequences, sampling parameters, ``metadata.user_id``, tool use — ``tools``,
+``tool_choice``, ``tool_use`` and ``tool_result`` blocks: ``anthropic_tools.py``;
+``cache_control`` is taken, as the engines cache prefixes on their own; anything else —
+images, thinking, server tools, an unknown field of the body, a message, a block or
+``metadata`` — is refused with a 400 naming it, never dropped; ``thinking: {"type":
+"disabled"}`` asks for nothing and is taken) and translated into the chat completion the
 engine streams: the same messages the router tokenizes, so what is routed is what is
 prefilled. The engine's OpenAI events come back as Anthropic's: ``message_start``,
-``content_block_start``, ``ping``, ``content_block_delta`` (``text_delta``),
-``content_block_stop``, ``message_delta`` (stop reason, output and cache-read tokens),
-``message_stop`` — or an ``error`` event when the stream breaks.
+``content_block_start``, ``ping``, ``content_block_delta`` (``text_delta``, then a tool
+call's ``input_json_delta``), ``content_block_stop``, ``message_delta`` (stop reason,
+output and cache-read tokens), ``message_stop`` — or an ``error`` event when the stream
+breaks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import msgspec
 from aiohttp import web
 from msgspec import Meta
 
+from foretoken.adapters.http.router import anthropic_tools
 from foretoken.adapters.http.router.proxy import Chunk, ClientGone, Measured, write
 from foretoken.adapters.http.router.requests import (
     INT32_MAX,
@@ -29,7 +32,7 @@ from foretoken.adapters.http.router.requests import (
     ShortText,
     json_error,
 )
-from foretoken.core.tokenizer import transcript
+from foretoken.core.tokenizer import content_text, transcript
 
 OTHER_BLOCK_FIELDS: Final = (
     "source", "id", "name", "input", "tool_use_id", "content", "is_error", "thinking",
@@ -111,59 +114,107 @@ _count = msgspec.json.Decoder(CountTokensBody)
 
 
 def _text(content: str | list[Block] | None, where: str) -> str:
+    return _blocks(content, where, "system")[0]
+
+
+def _blocks(content: str | list[Block] | None, where: str,
+            role: str) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """A turn's text, its tool calls (an assistant's ``tool_use`` blocks) and its tool
+    results (a user's ``tool_result`` blocks, as ``tool`` messages)."""
     if content is None or isinstance(content, str):
-        return content or ""
+        return content or "", [], []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     for j, block in enumerate(content):
+        at = f"{where}[{j}]"
+        if block.type == "tool_use" and role == "assistant":
+            calls.append(anthropic_tools.call(block, at))
+            continue
+        if block.type == "tool_result" and role == "user":
+            results.append(anthropic_tools.result(block, at))
+            continue
         if block.type != "text":
             raise RequestError(
-                f"{where}[{j}].type: content blocks of type {block.type!r} are not supported by "
-                "this router (text only)", param=f"{where}[{j}].type",
+                f"{at}.type: content blocks of type {block.type!r} are not supported by this "
+                f"router in a {role} turn (text, tool_use, tool_result)", param=f"{at}.type",
             )  # fmt: skip
         if block.text is None:
-            raise RequestError(f"{where}[{j}].text is required", param=f"{where}[{j}].text")
+            raise RequestError(f"{at}.text is required", param=f"{at}.text")
         for name in OTHER_BLOCK_FIELDS:
             if getattr(block, name) is not None:
-                field = f"{where}[{j}].{name}"
+                field = f"{at}.{name}"
                 raise RequestError(f"{field}: not a field of a text block, or not supported by "
                                    "this router", param=field)  # fmt: skip
-    return "".join(b.text or "" for b in content)
+        texts.append(block.text)
+    return "".join(texts), calls, results
 
 
 def _off(name: str, value: Any) -> bool:
-    """Whether a refused feature's value asks for nothing (no tools; thinking or tool use
+    """Whether a refused feature's value asks for nothing (no MCP servers; thinking
     disabled), so that it can be taken as it is."""
-    if value is None or (name in ("tools", "mcp_servers") and value == []):
+    if value is None or (name == "mcp_servers" and value == []):
         return True
-    wanted = {"thinking": "disabled", "tool_choice": "none"}.get(name)
-    return isinstance(value, dict) and value.get("type") == wanted and len(value) == 1
+    return isinstance(value, dict) and value == {"type": "disabled"} and name == "thinking"
 
 
-def _turns(body: _Base) -> list[tuple[str, str]]:
-    for name in ("tools", "tool_choice", "thinking", "mcp_servers"):
+def _messages_of(body: _Base) -> list[dict[str, Any]]:
+    """The chat completion's messages: the system prompt first; each turn's tool results as
+    ``tool`` messages before its text; an assistant's tool calls on its message; consecutive
+    text turns of one role combined, as Anthropic does (the engines' chat templates may
+    refuse roles that do not alternate)."""
+    for name in ("thinking", "mcp_servers"):
         if not _off(name, getattr(body, name)):
             raise RequestError(f"{name} is not supported by this router", param=name)
-    turns = [("system", _text(body.system, "system"))] if body.system else []
+    system = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
+    out: list[dict[str, Any]] = system
+    first = len(out)
     for i, m in enumerate(body.messages):
-        text = _text(m.content, f"messages[{i}].content")
-        if len(turns) > (1 if body.system else 0) and turns[-1][0] == m.role:
-            # Anthropic combines consecutive turns of one role into one; the engines' chat
-            # templates may refuse roles that do not alternate
-            turns[-1] = (m.role, f"{turns[-1][1]}\n\n{text}")
-        else:
-            turns.append((m.role, text))
-    return turns
+        text, calls, results = _blocks(m.content, f"messages[{i}].content", m.role)
+        out.extend(results)
+        if results and not text:
+            continue
+        last = out[-1] if len(out) > first else None
+        if (last is not None and last["role"] == m.role and not calls
+                and not last.get("tool_calls")):  # fmt: skip
+            last["content"] = f"{last['content']}\n\n{text}"
+            continue
+        message: dict[str, Any] = {"role": m.role, "content": text}
+        if calls:
+            message["tool_calls"] = calls
+        out.append(message)
+    return out
+
+
+def _chat_of(body: _Base) -> tuple[dict[str, Any], bool]:
+    """The chat (messages, tools, and, for a prefill, the flags with which the engine
+    continues the assistant's text: vLLM's and SGLang's), and whether it is a prefill."""
+    messages = _messages_of(body)
+    chat: dict[str, Any] = {"messages": messages}
+    given = anthropic_tools.tools(body.tools)
+    if given is not None:
+        chat["tools"] = given
+    chat.update(anthropic_tools.tool_choice(body.tool_choice, given is not None))
+    prefill = _prefill(messages, len(body.messages))
+    if prefill:
+        chat["continue_final_message"], chat["add_generation_prompt"] = True, False
+    return chat, prefill
+
+
+def _transcript(chat: dict[str, Any], prefill: bool) -> str:
+    """The built-in transcript of the chat (as the simulated engines make it)."""
+    return transcript(((m["role"], content_text(m.get("content"))) for m in chat["messages"]),
+                      generation_prompt=not prefill)  # fmt: skip
 
 
 def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes, dict[str, Any]]:
     """The body, the built-in transcript, the engine's chat completion body, and its chat
-    (messages and flags: what a chat template renders)."""
+    (messages, tools and flags: what a chat template renders)."""
     try:
         body = _messages.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
-    turns = _turns(body)
-    prefill = _prefill(turns, len(body.messages))
-    chat = _chat(turns, prefill)
+    chat, prefill = _chat_of(body)
     upstream: dict[str, Any] = {
         "model": body.model, **chat, "max_tokens": body.max_tokens, "stream": True,
         "stream_options": {"include_usage": True},
@@ -175,26 +226,18 @@ def decode_messages(raw: bytes) -> tuple[MessagesBody, str, bytes, dict[str, Any
         upstream["stop"] = body.stop_sequences
     if body.metadata is not None and body.metadata.user_id:
         upstream["user"] = body.metadata.user_id
-    return body, transcript(turns, generation_prompt=not prefill), _encoder.encode(upstream), chat
+    return body, _transcript(chat, prefill), _encoder.encode(upstream), chat
 
 
-def _chat(turns: list[tuple[str, str]], prefill: bool) -> dict[str, Any]:
-    """The chat completion's messages, and, for a prefill, the flags with which the engine
-    continues the assistant's text (vLLM's and SGLang's)."""
-    chat: dict[str, Any] = {"messages": [{"role": r, "content": t} for r, t in turns]}
-    if prefill:
-        chat["continue_final_message"], chat["add_generation_prompt"] = True, False
-    return chat
-
-
-def _prefill(turns: list[tuple[str, str]], messages: int) -> bool:
-    """Whether the last turn is the assistant's, to be continued (Anthropic's "prefill"; as
-    Anthropic's API, its text may not end in whitespace)."""
-    if not turns or turns[-1][0] != "assistant":
+def _prefill(messages: list[dict[str, Any]], given: int) -> bool:
+    """Whether the last turn is the assistant's text, to be continued (Anthropic's
+    "prefill"; as Anthropic's API, its text may not end in whitespace)."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "assistant" or last.get("tool_calls"):
         return False
-    if turns[-1][1] != turns[-1][1].rstrip():
+    if last["content"] != last["content"].rstrip():
         raise RequestError("final assistant content cannot end with trailing whitespace",
-                           param=f"messages[{messages - 1}].content")  # fmt: skip
+                           param=f"messages[{given - 1}].content")  # fmt: skip
     return True
 
 
@@ -203,9 +246,8 @@ def decode_count_tokens(raw: bytes) -> tuple[CountTokensBody, str, dict[str, Any
         body = _count.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
-    turns = _turns(body)
-    prefill = _prefill(turns, len(body.messages))
-    return body, transcript(turns, generation_prompt=not prefill), _chat(turns, prefill)
+    chat, prefill = _chat_of(body)
+    return body, _transcript(chat, prefill), chat
 
 
 def _stop(finish_reason: str | None, stop_reason: Any) -> tuple[str, str | None]:
@@ -231,6 +273,7 @@ class AnthropicRelay:
         # credit stands in (message_delta then carries the engine's count)
         self.credited_cached = min(max(credited_cached, 0), input_tokens)
         self.text: list[str] = []
+        self.tools = anthropic_tools.ToolCalls()
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.error: str | None = None
@@ -268,11 +311,14 @@ class AnthropicRelay:
             for c in doc.get("choices") or ():
                 delta = c.get("delta") or {}
                 piece = delta.get("content") if isinstance(delta, dict) else None
-                if piece:
+                if piece and self.tools.open is None:  # (text after a tool call: none comes)
                     self.text.append(piece)
                     if self.response is not None:
                         delta_event = {"index": 0, "delta": {"type": "text_delta", "text": piece}}
                         parts.append(_event("content_block_delta", delta_event))
+                if isinstance(delta, dict) and delta.get("tool_calls"):
+                    streaming = _event if self.response is not None else None
+                    parts += self.tools.add(delta["tool_calls"], streaming)
                 self.finish_reason = c.get("finish_reason") or self.finish_reason
                 if c.get("stop_reason") is not None:
                     self.stop_reason = c["stop_reason"]
@@ -293,7 +339,7 @@ class AnthropicRelay:
             return
         stop, sequence = _stop(self.finish_reason, self.stop_reason)
         await write(self.response,
-                    _event("content_block_stop", {"index": 0})
+                    _event("content_block_stop", {"index": self.tools.last_block()})
                     + _event("message_delta", {"delta": {"stop_reason": stop,
                                                          "stop_sequence": sequence},
                                                "usage": self.usage(m)})
@@ -315,6 +361,6 @@ class AnthropicRelay:
     def answer(self, m: Measured) -> dict[str, Any]:
         stop, sequence = _stop(self.finish_reason, self.stop_reason)
         return self._message() | {
-            "content": [{"type": "text", "text": "".join(self.text)}],
+            "content": [{"type": "text", "text": "".join(self.text)}, *self.tools.blocks()],
             "stop_reason": stop, "stop_sequence": sequence, "usage": self.usage(m),
         }  # fmt: skip

@@ -163,12 +163,18 @@ def test_anthropic_options_that_ask_for_nothing_are_taken(fields: dict[str, Any]
          "messages[0].content[0].source"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
          "messages[0].content[0].type"),
-        ({"messages": [{"role": "user", "content": [{"type": "tool_result",
-                                                     "tool_use_id": "t", "content": "x"}]}]},
-         "messages[0].content[0].type"),
+        ({"messages": [{"role": "assistant", "content": [{"type": "tool_result",
+                                                          "tool_use_id": "t", "content": "x"}]}]},
+         "messages[0].content[0].type"),  # a tool result is the user's
+        ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t",
+                                                     "name": "f", "input": {}}]}]},
+         "messages[0].content[0].type"),  # a tool call is the assistant's
         ({"system": [{"type": "text", "text": "s", "citations": [{}]}]}, "system[0].citations"),
-        ({"tools": [{"name": "t", "input_schema": {}}]}, "tools"),
-        ({"tool_choice": {"type": "auto"}}, "tool_choice"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"name": "t"}]}, "tools[0].input_schema"),
+        ({"tool_choice": {"type": "auto"}}, "tool_choice"),  # without tools
+        ({"tool_choice": {"type": "tool"}, "tools": [{"name": "t", "input_schema": {}}]},
+         "tool_choice.name"),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
     ],
 )  # fmt: skip

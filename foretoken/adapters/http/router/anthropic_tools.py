@@ -1,0 +1,172 @@
+"""Anthropic tool use over OpenAI-speaking engines (``/v1/messages``).
+
+Request: ``tools`` (``name``, ``description``, ``input_schema``; ``cache_control`` taken)
+become OpenAI function tools; ``tool_choice`` ``auto`` / ``any`` / ``tool`` / ``none``
+becomes ``auto`` / ``required`` / the named function / ``none``, and its
+``disable_parallel_tool_use`` ``parallel_tool_calls: false``; an assistant turn's
+``tool_use`` blocks become its ``tool_calls`` (the input as JSON arguments), and a user
+turn's ``tool_result`` blocks become ``tool`` messages before its text, as the chat
+completion API orders them. Anthropic's server tools (``web_search_…``, ``bash_…``: a
+``type`` other than ``custom``) run at Anthropic, not in an engine, and are refused.
+
+Answer: the engine's ``tool_calls`` deltas become ``tool_use`` content blocks after the
+text block — ``content_block_start`` (id, name, empty input), ``input_json_delta`` pieces,
+``content_block_stop`` — and, not streamed, ``tool_use`` blocks with the parsed input; a
+finish reason of ``tool_calls`` is a ``tool_use`` stop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from foretoken.adapters.http.router.requests import RequestError
+
+Event = Callable[[str, dict[str, Any]], bytes]
+
+
+def tools(value: Any) -> list[dict[str, Any]] | None:
+    """The request's tools as OpenAI function tools (None: no tools)."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise RequestError("tools must be a list", param="tools")
+    out = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping):
+            raise RequestError(f"{where} must be an object", param=where)
+        kind = tool.get("type", "custom")
+        if kind != "custom":
+            raise RequestError(f"{where}.type: Anthropic's server tools ({kind!r}) run at "
+                               "Anthropic, not in this fleet's engines",
+                               param=f"{where}.type")  # fmt: skip
+        name, schema = tool.get("name"), tool.get("input_schema")
+        if not isinstance(name, str) or not name:
+            raise RequestError(f"{where}.name is required", param=f"{where}.name")
+        if not isinstance(schema, Mapping):
+            raise RequestError(f"{where}.input_schema must be an object",
+                               param=f"{where}.input_schema")  # fmt: skip
+        function: dict[str, Any] = {"name": name, "parameters": dict(schema)}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def tool_choice(value: Any, has_tools: bool) -> dict[str, Any]:
+    """The upstream fields of ``tool_choice`` (``tool_choice``, ``parallel_tool_calls``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or value.get("type") not in ("auto", "any", "tool", "none"):
+        raise RequestError("tool_choice.type must be auto, any, tool or none",
+                           param="tool_choice")  # fmt: skip
+    kind = value["type"]
+    if kind == "none":
+        return {"tool_choice": "none"} if has_tools else {}
+    if not has_tools:
+        raise RequestError(f"tool_choice {kind!r} needs tools", param="tool_choice")
+    out: dict[str, Any] = {"tool_choice": {"auto": "auto", "any": "required"}.get(kind)}
+    if kind == "tool":
+        if not isinstance(value.get("name"), str):
+            raise RequestError("tool_choice.name is required for type tool",
+                               param="tool_choice.name")  # fmt: skip
+        out["tool_choice"] = {"type": "function", "function": {"name": value["name"]}}
+    if value.get("disable_parallel_tool_use") is True:
+        out["parallel_tool_calls"] = False
+    return out
+
+
+def call(block: Any, where: str) -> dict[str, Any]:
+    """An assistant's ``tool_use`` block as an OpenAI tool call."""
+    if not isinstance(block.id, str) or not isinstance(block.name, str):
+        raise RequestError(f"{where}: a tool_use block needs an id and a name", param=where)
+    if block.input is not None and not isinstance(block.input, Mapping):
+        raise RequestError(f"{where}.input must be an object", param=f"{where}.input")
+    arguments = json.dumps(block.input or {}, ensure_ascii=False, separators=(",", ":"))
+    return {"id": block.id, "type": "function",
+            "function": {"name": block.name, "arguments": arguments}}  # fmt: skip
+
+
+def result(block: Any, where: str) -> dict[str, Any]:
+    """A user's ``tool_result`` block as an OpenAI ``tool`` message."""
+    if not isinstance(block.tool_use_id, str):
+        raise RequestError(f"{where}.tool_use_id is required", param=f"{where}.tool_use_id")
+    content = block.content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                raise RequestError(f"{where}.content[{j}]: only text is supported in a tool "
+                                   "result by this router",
+                                   param=f"{where}.content[{j}]")  # fmt: skip
+            texts.append(str(part.get("text") or ""))
+        content = "".join(texts)
+    elif content is not None and not isinstance(content, str):
+        raise RequestError(f"{where}.content must be text or text blocks",
+                           param=f"{where}.content")  # fmt: skip
+    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content or ""}
+
+
+class ToolCalls:
+    """The engine's streamed tool calls, as Anthropic ``tool_use`` blocks after block 0."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, Any]] = {}  # OpenAI index → id, name, argument pieces
+        self.open: int | None = None  # the OpenAI index whose block is open
+
+    def block_of(self, index: int) -> int:
+        return 1 + sorted(self.calls).index(index)
+
+    def add(self, deltas: Any, event: Event | None) -> list[bytes]:
+        """One event's ``tool_calls`` deltas; the Anthropic events they make (streaming)."""
+        out: list[bytes] = []
+        for d in deltas if isinstance(deltas, list) else ():
+            if not isinstance(d, Mapping):
+                continue
+            given = d.get("index")
+            index: int = given if isinstance(given, int) else len(self.calls)
+            fn: Mapping[str, Any] = d.get("function") or {}
+            if not isinstance(fn, Mapping):
+                fn = {}
+            entry = self.calls.get(index)
+            if entry is None:
+                entry = self.calls[index] = {"id": d.get("id") or f"toolu_{index}",
+                                             "name": fn.get("name") or "", "args": []}  # fmt: skip
+                if event is not None:
+                    if self.open is not None:
+                        out.append(event("content_block_stop", {"index": self.block_of(self.open)}))
+                    else:
+                        out.append(event("content_block_stop", {"index": 0}))
+                    block = {"type": "tool_use", "id": entry["id"], "name": entry["name"],
+                             "input": {}}  # fmt: skip
+                    out.append(event("content_block_start", {"index": self.block_of(index),
+                                                             "content_block": block}))  # fmt: skip
+                self.open = index
+            piece = fn.get("arguments")
+            if isinstance(piece, str) and piece:
+                entry["args"].append(piece)
+                if event is not None:
+                    out.append(event("content_block_delta", {
+                        "index": self.block_of(index),
+                        "delta": {"type": "input_json_delta", "partial_json": piece}}))  # fmt: skip
+        return out
+
+    def last_block(self) -> int:
+        """The block still open at the end: the last tool's, or the text's."""
+        return self.block_of(self.open) if self.open is not None else 0
+
+    def blocks(self) -> list[dict[str, Any]]:
+        """The ``tool_use`` blocks of a whole answer (input parsed; ``{}`` when the engine's
+        arguments are not a JSON object)."""
+        out = []
+        for index in sorted(self.calls):
+            entry = self.calls[index]
+            try:
+                value = json.loads("".join(entry["args"]) or "{}")
+            except ValueError:
+                value = {}
+            out.append({"type": "tool_use", "id": entry["id"], "name": entry["name"],
+                        "input": value if isinstance(value, dict) else {}})  # fmt: skip
+        return out

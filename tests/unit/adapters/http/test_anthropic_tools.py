@@ -1,0 +1,121 @@
+"""Anthropic tool use through the router: tools, tool_choice, tool_use and tool_result blocks
+become the chat completion's tools and messages; the engine's streamed tool calls come back
+as tool_use blocks (streamed: start, input_json_delta pieces, stop; whole: parsed input)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import msgspec
+
+from foretoken.adapters.http.router.anthropic import AnthropicRelay, decode_messages
+from foretoken.adapters.http.router.proxy import Measured
+
+WEATHER = {"name": "weather", "description": "Weather of a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+           "cache_control": {"type": "ephemeral"}}  # fmt: skip
+
+
+def test_a_tool_loop_becomes_the_chat_completion_the_engine_expects() -> None:
+    body = {
+        "model": "m", "max_tokens": 50, "system": "sys", "tools": [WEATHER],
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1",
+                 "content": [{"type": "text", "text": "-3 C"}]},
+                {"type": "text", "text": "And tomorrow?"},
+            ]},
+        ],
+    }  # fmt: skip
+    _, transcript, upstream, chat = decode_messages(msgspec.json.encode(body))
+    sent = json.loads(upstream)
+    assert sent["tools"] == [{"type": "function", "function": {
+        "name": "weather", "parameters": WEATHER["input_schema"],
+        "description": "Weather of a city"}}]  # fmt: skip
+    assert sent["tool_choice"] == "required" and sent["parallel_tool_calls"] is False
+    assert sent["messages"] == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "toolu_1", "type": "function",
+             "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "-3 C"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]  # fmt: skip
+    assert chat["tools"] == sent["tools"]  # a chat template renders them too
+    assert "<|tool|> -3 C" in transcript  # the simulated engines' transcript of it
+    named = decode_messages(msgspec.json.encode(
+        body | {"tool_choice": {"type": "tool", "name": "weather"}}))[2]  # fmt: skip
+    assert json.loads(named)["tool_choice"] == {"type": "function",
+                                                "function": {"name": "weather"}}  # fmt: skip
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.data = b""
+
+    async def write(self, data: bytes) -> None:
+        self.data += data
+
+
+def _delta(delta: dict[str, Any], finish: str | None = None) -> tuple[bytes, None]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return msgspec.json.encode({"choices": [choice]}), None
+
+
+ENGINE = [
+    _delta({"role": "assistant", "content": "Checking."}),
+    _delta({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                            "function": {"name": "weather", "arguments": ""}}]}),
+    _delta({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
+    _delta({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}),
+    _delta({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                            "function": {"name": "time", "arguments": "{}"}}]}),
+    _delta({}, finish="tool_calls"),
+]  # fmt: skip
+
+
+def test_streamed_tool_calls_are_tool_use_blocks() -> None:
+    sink = _Sink()
+    relay = AnthropicRelay(None, sink, "msg_1", "m", 10)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        await relay.send(ENGINE)
+        await relay.finish(Measured(output_tokens=9))
+
+    asyncio.run(run())
+    events = [json.loads(e.split("data: ", 1)[1]) for e in sink.data.decode().split("\n\n")
+              if e.strip()]  # fmt: skip
+    shape = [(e["type"], e.get("index")) for e in events]
+    assert shape == [
+        ("content_block_delta", 0), ("content_block_stop", 0), ("content_block_start", 1),
+        ("content_block_delta", 1), ("content_block_delta", 1), ("content_block_stop", 1),
+        ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2),
+        ("message_delta", None), ("message_stop", None),
+    ]  # fmt: skip
+    assert events[2]["content_block"] == {"type": "tool_use", "id": "call_a",
+                                          "name": "weather", "input": {}}  # fmt: skip
+    pieces = "".join(e["delta"]["partial_json"] for e in events if e.get("index") == 1
+                     and e["type"] == "content_block_delta")  # fmt: skip
+    assert json.loads(pieces) == {"city": "Oslo"}
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_a_whole_answer_has_its_tool_use_blocks_with_their_input() -> None:
+    relay = AnthropicRelay(None, None, "msg_1", "m", 10)  # type: ignore[arg-type]
+    asyncio.run(relay.send(ENGINE))
+    answer = relay.answer(Measured(output_tokens=9))
+    assert answer["stop_reason"] == "tool_use"
+    assert answer["content"] == [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "call_a", "name": "weather", "input": {"city": "Oslo"}},
+        {"type": "tool_use", "id": "call_b", "name": "time", "input": {}},
+    ]  # fmt: skip
