@@ -111,14 +111,14 @@ def test_the_async_client_streams(router: StubRouter) -> None:
 
 
 @pytest.mark.parametrize(("fields", "names"), [
-    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
+    ({"tool_choice": "required"}, "tool_choice"),  # without tools
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"text": {"format": {"type": "json_object"}}}, "text"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
-     "input[0].type"),
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input[0].type"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"seed": 3}, "seed"),
     ({"store": True}, "store"),
@@ -136,6 +136,26 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(
         )
     err = info.value.body
     assert isinstance(err, dict) and err.get("param") == names, err
+
+
+def test_function_tools_and_a_tool_loop_reach_the_engine(router: StubRouter) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = {"type": "function", "name": "weather", "description": "d", "parameters": schema}
+    r = _client(router.url).responses.create(  # type: ignore[call-overload]
+        model=MODEL, tools=[tool], tool_choice={"type": "function", "name": "weather"},
+        input=[{"role": "user", "content": "weather?"},
+               {"type": "function_call", "call_id": "call_1", "name": "weather",
+                "arguments": '{"city": "x"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+               {"role": "user", "content": ECHO}],
+    )  # fmt: skip
+    sent = json.loads(r.output_text)
+    assert sent["tools"] == [{"type": "function", "function": {
+        "name": "weather", "description": "d", "parameters": tool["parameters"]}}]  # fmt: skip
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "tool", "user"]
+    assert sent["messages"][1]["tool_calls"][0]["id"] == "call_1"
+    assert sent["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
 
 
 def test_nothing_asked_is_taken(router: StubRouter) -> None:

@@ -34,7 +34,7 @@ from prometheus_client import generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
 from foretoken.adapters.heap import freeze_startup_heap
-from foretoken.adapters.http.router import anthropic, edge, errors, responses
+from foretoken.adapters.http.router import anthropic, edge, errors, responses, responses_relay
 from foretoken.adapters.http.router.path import (
     SSE_HEADERS,
     STATE,
@@ -189,7 +189,7 @@ async def responses_api(request: web.Request) -> web.StreamResponse:
     grant, url, p = routed
     response = (EventStream(headers={**SSE_HEADERS, "x-request-id": p.request_id})
                 if body.stream else None)  # fmt: skip
-    relay = responses.ResponsesRelay(request, response, body, p.request_id, len(tokens),
+    relay = responses_relay.ResponsesRelay(request, response, body, p.request_id, len(tokens),
                                      state.reports_cached(grant))  # fmt: skip
     m = await relay_to_engine(state, request, p, grant, url + "/v1/chat/completions", upstream,
                               relay, arrived)  # fmt: skip
