@@ -157,12 +157,19 @@ def test_anthropic_sdk_messages_streaming_and_count_tokens(router: StubRouter) -
     ]  # the SDK skips pings
     counted = c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert counted.input_tokens > 0
-    with pytest.raises(anthropic.BadRequestError, match="tools is not supported"):
+    # function tools are taken (translated to the engine's); a server tool runs at Anthropic
+    assert c.messages.create(
+        model=MODEL,
+        max_tokens=1,
+        messages=[{"role": "user", "content": "x"}],
+        tools=[{"name": "t", "input_schema": {"type": "object"}}],
+    ).content
+    with pytest.raises(anthropic.BadRequestError, match="server tools"):
         c.messages.create(
             model=MODEL,
             max_tokens=1,
             messages=[{"role": "user", "content": "x"}],
-            tools=[{"name": "t", "input_schema": {"type": "object"}}],
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
         )
     with pytest.raises(anthropic.NotFoundError) as info:
         c.messages.create(model="nope", max_tokens=1, messages=[{"role": "user", "content": "x"}])
