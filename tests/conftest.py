@@ -86,15 +86,35 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def kafka_settings(kafka_broker: Settings) -> Settings:
+def kafka_settings(kafka_broker: Settings) -> Iterator[Settings]:
     """Settings with topics of this test module's own (a fresh prefix), so that modules and
-    runs never see each other's records."""
+    runs never see each other's records; deleted after the module (with the Faust topics of
+    workers whose app id holds the prefix), so that a broker kept across many runs does not
+    pile up thousands of partitions (one that did stopped at start: too many open files)."""
     from foretoken.adapters.kafka.topics import ensure_topics
 
     prefix = f"t{uuid.uuid4().hex[:8]}-"
     settings = load_settings(env={**os.environ, "FORETOKEN_TOPIC_PREFIX": prefix})
     asyncio.run(ensure_topics(settings))
-    return settings
+    yield settings
+    asyncio.run(_delete_topics(settings.kafka.bootstrap_servers, prefix))
+
+
+async def _delete_topics(bootstrap: str, marker: str) -> None:
+    """Delete every topic whose name holds ``marker`` (best effort: a test's result never
+    depends on it)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        names = [t for t in await admin.list_topics() if marker in t]
+        if names:
+            await admin.delete_topics(names)
+    except Exception as exc:
+        print(f"could not delete the topics of {marker}: {exc}")
+    finally:
+        await admin.close()
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from foretoken.adapters.ports import accepts_connections, host_port
+from foretoken.adapters.processes import port_taken
 from foretoken.settings import Settings
 
 __all__ = ["KafkaError", "accepts_connections", "down", "status", "up"]
@@ -119,14 +119,13 @@ def _java_cmd(layout: Layout, settings: Settings, main: str, *args: str) -> list
 def write_config(layout: Layout, settings: Settings) -> None:
     host, port = host_port(settings.kafka.bootstrap_servers)
     controller_port = port + 1
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, controller_port))
-        except OSError as exc:
-            raise KafkaError(
-                f"port {controller_port} (the local broker's controller listens on the bootstrap "
-                f"port + 1) is in use ({exc}); choose another bootstrap port"
-            ) from exc
+    # (SO_REUSEADDR, as the broker binds: a port a stopped broker left in TIME_WAIT is free)
+    taken = port_taken(host, controller_port)
+    if taken is not None:
+        raise KafkaError(
+            f"port {controller_port} (the local broker's controller listens on the bootstrap "
+            f"port + 1): {taken}; choose another bootstrap port"
+        )
     text = (OPS_KAFKA_DIR / "server.properties").read_text()
     text = text.replace("127.0.0.1:9092", f"{host}:{port}")
     text = text.replace("127.0.0.1:9093", f"{host}:{controller_port}")

@@ -25,6 +25,7 @@ from aiohttp import web
 from msgspec import Meta
 
 from foretoken.adapters.http.router import anthropic_tools
+from foretoken.adapters.http.router.deltas import deltas
 from foretoken.adapters.http.router.proxy import Chunk, ClientGone, Measured, write
 from foretoken.adapters.http.router.requests import (
     INT32_MAX,
@@ -301,29 +302,20 @@ class AnthropicRelay:
 
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
         parts: list[bytes] = []
-        for payload, _ in events:
-            try:
-                doc = _json.decode(payload)
-            except (msgspec.DecodeError, RecursionError):
-                continue
-            if not isinstance(doc, dict):
-                continue
-            for c in doc.get("choices") or ():
-                delta = c.get("delta") or {}
-                piece = delta.get("content") if isinstance(delta, dict) else None
-                if piece and self.tools.open is None:  # (text after a tool call: none comes)
-                    self.text.append(piece)
-                    if self.response is not None:
-                        delta_event = {"index": 0, "delta": {"type": "text_delta", "text": piece}}
-                        parts.append(_event("content_block_delta", delta_event))
-                if isinstance(delta, dict) and delta.get("tool_calls"):
-                    streaming = _event if self.response is not None else None
-                    parts += self.tools.add(delta["tool_calls"], streaming)
-                self.finish_reason = c.get("finish_reason") or self.finish_reason
-                if c.get("stop_reason") is not None:
-                    self.stop_reason = c["stop_reason"]
-                elif isinstance(c.get("matched_stop"), str):  # SGLang's name (an int: a token)
-                    self.stop_reason = c["matched_stop"]
+        streaming = _event if self.response is not None else None
+        for d in deltas(events):
+            if d.text and self.tools.open is None:  # (text after a tool call: none comes)
+                self.text.append(d.text)
+                if streaming is not None:
+                    delta_event = {"index": 0, "delta": {"type": "text_delta", "text": d.text}}
+                    parts.append(_event("content_block_delta", delta_event))
+            if d.tool_calls:
+                parts += self.tools.add(d.tool_calls, streaming)
+            self.finish_reason = d.finish_reason or self.finish_reason
+            if d.choice.get("stop_reason") is not None:
+                self.stop_reason = d.choice["stop_reason"]
+            elif isinstance(d.choice.get("matched_stop"), str):  # SGLang's (an int: a token)
+                self.stop_reason = d.choice["matched_stop"]
         if parts and self.response is not None:
             await write(self.response, b"".join(parts))
 

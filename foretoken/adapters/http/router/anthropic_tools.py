@@ -21,6 +21,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from foretoken.adapters.http.router.deltas import tool_pieces
 from foretoken.adapters.http.router.requests import RequestError
 
 Event = Callable[[str, dict[str, Any]], bytes]
@@ -119,38 +120,29 @@ class ToolCalls:
     def block_of(self, index: int) -> int:
         return 1 + sorted(self.calls).index(index)
 
-    def add(self, deltas: Any, event: Event | None) -> list[bytes]:
+    def add(self, calls: list[Any], event: Event | None) -> list[bytes]:
         """One event's ``tool_calls`` deltas; the Anthropic events they make (streaming)."""
         out: list[bytes] = []
-        for d in deltas if isinstance(deltas, list) else ():
-            if not isinstance(d, Mapping):
-                continue
-            given = d.get("index")
-            index: int = given if isinstance(given, int) else len(self.calls)
-            fn: Mapping[str, Any] = d.get("function") or {}
-            if not isinstance(fn, Mapping):
-                fn = {}
+        for piece in tool_pieces(calls, len(self.calls)):
+            index = piece.index
             entry = self.calls.get(index)
             if entry is None:
-                entry = self.calls[index] = {"id": d.get("id") or f"toolu_{index}",
-                                             "name": fn.get("name") or "", "args": []}  # fmt: skip
+                entry = self.calls[index] = {"id": piece.call_id or f"toolu_{index}",
+                                             "name": piece.name or "", "args": []}  # fmt: skip
                 if event is not None:
-                    if self.open is not None:
-                        out.append(event("content_block_stop", {"index": self.block_of(self.open)}))
-                    else:
-                        out.append(event("content_block_stop", {"index": 0}))
+                    closing = self.block_of(self.open) if self.open is not None else 0
+                    out.append(event("content_block_stop", {"index": closing}))
                     block = {"type": "tool_use", "id": entry["id"], "name": entry["name"],
                              "input": {}}  # fmt: skip
                     out.append(event("content_block_start", {"index": self.block_of(index),
                                                              "content_block": block}))  # fmt: skip
                 self.open = index
-            piece = fn.get("arguments")
-            if isinstance(piece, str) and piece:
-                entry["args"].append(piece)
+            if piece.arguments:
+                entry["args"].append(piece.arguments)
                 if event is not None:
-                    out.append(event("content_block_delta", {
-                        "index": self.block_of(index),
-                        "delta": {"type": "input_json_delta", "partial_json": piece}}))  # fmt: skip
+                    delta = {"type": "input_json_delta", "partial_json": piece.arguments}
+                    out.append(event("content_block_delta",
+                                     {"index": self.block_of(index), "delta": delta}))  # fmt: skip
         return out
 
     def last_block(self) -> int:

@@ -14,17 +14,16 @@ items follow one another); streamed, each with its events — ``response.output_
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
 
+from foretoken.adapters.http.router.deltas import deltas, tool_pieces
 from foretoken.adapters.http.router.proxy import Chunk, ClientGone, Measured, write
 
 INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _encoder = msgspec.json.Encoder()
-_json = msgspec.json.Decoder()
 
 
 class ResponsesRelay:
@@ -121,34 +120,22 @@ class ResponsesRelay:
                 "delta": piece, "logprobs": []}))  # fmt: skip
         return out
 
-    def _tool_calls(self, deltas: Any) -> list[bytes]:
+    def _tool_calls(self, calls: list[Any]) -> list[bytes]:
         out: list[bytes] = []
-        for d in deltas if isinstance(deltas, list) else ():
-            if not isinstance(d, Mapping):
-                continue
-            given = d.get("index")
-            index: int = given if isinstance(given, int) else len(self.calls)
-            fn: Mapping[str, Any] = d.get("function") or {}
-            if not isinstance(fn, Mapping):
-                fn = {}
-            item = self.calls.get(index)
+        for piece in tool_pieces(calls, len(self.calls)):
+            item = self.calls.get(piece.index)
             if item is None:
-                call_id = d.get("id") if isinstance(d.get("id"), str) else f"call_{index}"
-                item = self.calls[index] = {
-                    "type": "function_call",
-                    "call_id": call_id,
-                    "id": f"fc_{self.rid}_{index}",
-                    "name": str(fn.get("name") or ""),
-                    "args": [],
-                }
+                item = self.calls[piece.index] = {
+                    "type": "function_call", "call_id": piece.call_id or f"call_{piece.index}",
+                    "id": f"fc_{self.rid}_{piece.index}", "name": piece.name or "", "args": [],
+                }  # fmt: skip
                 out += self._start(item)
-            piece = fn.get("arguments")
-            if isinstance(piece, str) and piece:
-                item["args"].append(piece)
+            if piece.arguments:
+                item["args"].append(piece.arguments)
                 if self.response is not None:
                     out.append(self._event("response.function_call_arguments.delta", {
                         "item_id": item["id"], "output_index": item["index"],
-                        "delta": piece}))  # fmt: skip
+                        "delta": piece.arguments}))  # fmt: skip
         return out
 
     # ------------------------------------------------------------------ the relay
@@ -202,21 +189,12 @@ class ResponsesRelay:
 
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
         parts: list[bytes] = []
-        for payload, _ in events:
-            try:
-                doc = _json.decode(payload)
-            except (msgspec.DecodeError, RecursionError):
-                continue
-            if not isinstance(doc, dict):
-                continue
-            for c in doc.get("choices") or ():
-                delta = c.get("delta") or {}
-                if isinstance(delta, dict):
-                    if delta.get("content"):
-                        parts += self._text(str(delta["content"]))
-                    if delta.get("tool_calls"):
-                        parts += self._tool_calls(delta["tool_calls"])
-                self.finish_reason = c.get("finish_reason") or self.finish_reason
+        for d in deltas(events):
+            if d.text:
+                parts += self._text(d.text)
+            if d.tool_calls:
+                parts += self._tool_calls(d.tool_calls)
+            self.finish_reason = d.finish_reason or self.finish_reason
         if parts and self.response is not None:
             await write(self.response, b"".join(parts))
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import msgspec
 
 from foretoken.adapters.http.router.anthropic import AnthropicRelay, decode_messages
 from foretoken.adapters.http.router.proxy import Measured
+from tests.unit.adapters.http.engine_events import TOOL_TURN, Sink
 
 WEATHER = {"name": "weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
@@ -58,37 +58,12 @@ def test_a_tool_loop_becomes_the_chat_completion_the_engine_expects() -> None:
                                                 "function": {"name": "weather"}}  # fmt: skip
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.data = b""
-
-    async def write(self, data: bytes) -> None:
-        self.data += data
-
-
-def _delta(delta: dict[str, Any], finish: str | None = None) -> tuple[bytes, None]:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish}
-    return msgspec.json.encode({"choices": [choice]}), None
-
-
-ENGINE = [
-    _delta({"role": "assistant", "content": "Checking."}),
-    _delta({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                            "function": {"name": "weather", "arguments": ""}}]}),
-    _delta({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
-    _delta({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}),
-    _delta({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                            "function": {"name": "time", "arguments": "{}"}}]}),
-    _delta({}, finish="tool_calls"),
-]  # fmt: skip
-
-
 def test_streamed_tool_calls_are_tool_use_blocks() -> None:
-    sink = _Sink()
+    sink = Sink()
     relay = AnthropicRelay(None, sink, "msg_1", "m", 10)  # type: ignore[arg-type]
 
     async def run() -> None:
-        await relay.send(ENGINE)
+        await relay.send(TOOL_TURN)
         await relay.finish(Measured(output_tokens=9))
 
     asyncio.run(run())
@@ -111,7 +86,7 @@ def test_streamed_tool_calls_are_tool_use_blocks() -> None:
 
 def test_a_whole_answer_has_its_tool_use_blocks_with_their_input() -> None:
     relay = AnthropicRelay(None, None, "msg_1", "m", 10)  # type: ignore[arg-type]
-    asyncio.run(relay.send(ENGINE))
+    asyncio.run(relay.send(TOOL_TURN))
     answer = relay.answer(Measured(output_tokens=9))
     assert answer["stop_reason"] == "tool_use"
     assert answer["content"] == [

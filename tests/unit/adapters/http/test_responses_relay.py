@@ -13,30 +13,7 @@ import msgspec
 from foretoken.adapters.http.router.proxy import Measured
 from foretoken.adapters.http.router.responses import decode_responses
 from foretoken.adapters.http.router.responses_relay import ResponsesRelay
-
-
-class _Sink:
-    def __init__(self) -> None:
-        self.data = b""
-
-    async def write(self, data: bytes) -> None:
-        self.data += data
-
-
-def _delta(delta: dict[str, Any], finish: str | None = None) -> tuple[bytes, None]:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish}
-    return msgspec.json.encode({"choices": [choice]}), None
-
-
-ENGINE = [
-    _delta({"role": "assistant", "content": "Checking."}),
-    _delta({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                            "function": {"name": "weather", "arguments": '{"city":'}}]}),
-    _delta({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}),
-    _delta({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                            "function": {"name": "time", "arguments": "{}"}}]}),
-    _delta({}, finish="tool_calls"),
-]  # fmt: skip
+from tests.unit.adapters.http.engine_events import TOOL_TURN, Sink
 
 
 def _body() -> Any:
@@ -46,11 +23,11 @@ def _body() -> Any:
 
 
 def test_streamed_items_follow_one_another_with_their_events() -> None:
-    sink = _Sink()
+    sink = Sink()
     relay = ResponsesRelay(None, sink, _body(), "r1", 10)  # type: ignore[arg-type]
 
     async def run() -> None:
-        await relay.send(ENGINE)
+        await relay.send(TOOL_TURN)
         await relay.finish(Measured(output_tokens=9))
 
     asyncio.run(run())
@@ -77,7 +54,7 @@ def test_streamed_items_follow_one_another_with_their_events() -> None:
 
 def test_a_whole_answer_has_the_same_items_and_an_empty_one_a_message() -> None:
     relay = ResponsesRelay(None, None, _body(), "r1", 10)  # type: ignore[arg-type]
-    asyncio.run(relay.send(ENGINE))
+    asyncio.run(relay.send(TOOL_TURN))
     out = relay.answer(Measured(output_tokens=9))["output"]
     assert out[0]["content"][0]["text"] == "Checking."
     assert [(o["type"], o["status"]) for o in out] == [

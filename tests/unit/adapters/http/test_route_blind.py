@@ -6,6 +6,9 @@ test: 88 of 300 requests refused while the restarted processor caught up)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -37,6 +40,16 @@ async def _decide(model: str) -> tuple[Grant, str | None, dict[str, int]]:
         body = msgspec.json.encode(RouteResponse(grant=as_record(Grant, refused)))
         return web.Response(body=body, content_type="application/json")
 
+    engine = EngineConfig(worker_id="w0", model="m", http_url="http://127.0.0.1:1",
+                          gpu_blocks=1024)  # fmt: skip
+    async with _routing(route, {"w0": engine}) as routing:
+        grant, url = await routing.decide(_placement(model))
+    return grant, url, routing.fallbacks
+
+
+@contextlib.asynccontextmanager
+async def _routing(route: Any, engines: dict[str, EngineConfig]) -> AsyncIterator[Routing]:
+    """The router's routing in front of a route service answering with ``route``."""
     app = web.Application()
     app.router.add_post("/v1/route", route)
     runner = web.AppRunner(app)
@@ -45,16 +58,13 @@ async def _decide(model: str) -> tuple[Grant, str | None, dict[str, int]]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     settings = load_settings(env={"FORETOKEN__ROUTER__ROUTE_URL": f"http://127.0.0.1:{port}"})
-    engine = EngineConfig(worker_id="w0", model="m", http_url="http://127.0.0.1:1",
-                          gpu_blocks=1024)  # fmt: skip
-    routing = Routing(settings=settings, engines={"w0": engine})
+    routing = Routing(settings=settings, engines=engines)
     await routing.start()
     try:
-        grant, url = await routing.decide(_placement(model))
+        yield routing
     finally:
         await routing.stop()
         await runner.cleanup()
-    return grant, url, routing.fallbacks
 
 
 def test_a_blind_route_service_leaves_the_request_to_the_routers_policy() -> None:
@@ -83,25 +93,12 @@ def test_a_grant_for_an_engine_that_just_failed_goes_to_another() -> None:
                                                      http_url="http://127.0.0.1:1"))  # fmt: skip
             return web.Response(body=body, content_type="application/json")
 
-        app = web.Application()
-        app.router.add_post("/v1/route", route)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        settings = load_settings(env={"FORETOKEN__ROUTER__ROUTE_URL": f"http://127.0.0.1:{port}"})
         engines = {w: EngineConfig(worker_id=w, model="m", http_url=f"http://127.0.0.1:{i + 1}")
                    for i, w in enumerate(("w0", "w1"))}  # fmt: skip
-        routing = Routing(settings=settings, engines=engines)
-        await routing.start()
-        try:
+        async with _routing(route, engines) as routing:
             before, _ = await routing.decide(_placement("m"))
             routing.unreachable("w0")
             after, _ = await routing.decide(_placement("m"))
-        finally:
-            await routing.stop()
-            await runner.cleanup()
         return before, after, routing.fallbacks
 
     before, after, fallbacks = asyncio.run(run())
