@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -59,6 +60,7 @@ from foretoken.adapters.http.router.requests import RequestError, decode_openai
 from foretoken.adapters.http.tokenizers import Tokenizers
 from foretoken.adapters.processes import port_taken
 from foretoken.settings import Settings
+from foretoken.wire.records import Grant
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()
@@ -117,95 +119,97 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await openai_request(request, chat=True)
 
 
-async def messages(request: web.Request) -> web.StreamResponse:
+@dataclass(frozen=True)
+class TranslatedApi:
+    """An API the router translates into a chat completion (Anthropic's Messages, OpenAI's
+    Responses): how to decode a body, where its output limit is, which relay answers, and
+    the shape of its errors and of its request-id header."""
+
+    anthropic: bool
+    decode: Callable[[bytes], tuple[Any, str, bytes, dict[str, Any]]]
+    limit_field: str  # the body's output limit (its name, for a 400)
+    prompt_param: str
+    relay: Callable[[web.Request, web.StreamResponse | None, Any, str, int, Grant, RouterState],
+                    Any]  # fmt: skip
+
+    @property
+    def id_header(self) -> str:
+        return "request-id" if self.anthropic else "x-request-id"
+
+
+def _anthropic_relay(request: web.Request, response: web.StreamResponse | None, body: Any,
+                     rid: str, tokens: int, grant: Grant, state: RouterState) -> Any:  # fmt: skip
+    reports = state.reports_cached(grant)
+    return anthropic.AnthropicRelay(request, response, f"msg_{rid}", body.model, tokens, reports,
+                                    grant.cached_tokens if reports else 0)  # fmt: skip
+
+
+def _responses_relay(request: web.Request, response: web.StreamResponse | None, body: Any,
+                     rid: str, tokens: int, grant: Grant, state: RouterState) -> Any:  # fmt: skip
+    return responses_relay.ResponsesRelay(request, response, body, rid, tokens,
+                                          state.reports_cached(grant))  # fmt: skip
+
+
+MESSAGES = TranslatedApi(True, anthropic.decode_messages, "max_tokens", "messages",
+                         _anthropic_relay)  # fmt: skip
+RESPONSES = TranslatedApi(False, responses.decode_responses, "max_output_tokens", "input",
+                          _responses_relay)  # fmt: skip
+
+
+async def translated_request(request: web.Request, api: TranslatedApi) -> web.StreamResponse:
+    """A request of an API the router translates: decoded, tokenized as the chat the engine
+    gets, placed, routed, relayed from the engine's chat completion stream and answered in
+    the API's own shapes (errors and 429s too)."""
     state = request.app[STATE]
     arrived = time.monotonic()
     if not state.authorized(request):
-        return unauthorized(True)
+        return unauthorized(api.anthropic)
     try:
         raw = await edge.read_body(request, state.settings)
-        body, text, upstream, chat = await off_loop(state, len(raw), anthropic.decode_messages,
-                                                    raw)  # fmt: skip
+        body, text, upstream, chat = await off_loop(state, len(raw), api.decode, raw)
         check_model(state, body.model)
+        limit, wanted = state.settings.router.max_output_tokens, getattr(body, api.limit_field)
+        if (wanted or 0) > limit:
+            raise RequestError(f"{api.limit_field} must be at most {limit} "
+                               "(router.max_output_tokens)", param=api.limit_field)  # fmt: skip
         text = await state.tokenizers.chat_text(body.model, text, lambda: chat, len(raw))
-        limit = state.settings.router.max_output_tokens
-        if body.max_tokens > limit:
-            raise RequestError(f"max_tokens must be at most {limit} (router.max_output_tokens)",
-                               param="max_tokens")  # fmt: skip
-        tokens = await tokens_of(state, body.model, text, None, "messages")
-        p = await place(state, request, body, tokens, body.max_tokens)
-        routed = await route(state, p, True)
+        tokens = await tokens_of(state, body.model, text, None, api.prompt_param)
+        p = await place(state, request, body, tokens, wanted)
+        routed = await route(state, p, api.anthropic)
     except RequestError as exc:
-        return refused(state, exc, True)
+        return refused(state, exc, api.anthropic)
     if isinstance(routed, web.Response):
         return routed
     grant, url, p = routed
-    response = (EventStream(headers={**SSE_HEADERS, "request-id": p.request_id})
-                if body.stream else None)  # fmt: skip
-    reports = state.reports_cached(grant)
-    relay = anthropic.AnthropicRelay(request, response, f"msg_{p.request_id}", body.model,
-                                     len(tokens), reports,
-                                     grant.cached_tokens if reports else 0)  # fmt: skip
+    ids: dict[str, str] = {api.id_header: p.request_id}
+    response = EventStream(headers={**SSE_HEADERS, **ids}) if body.stream else None
+    relay = api.relay(request, response, body, p.request_id, len(tokens), grant, state)
     m = await relay_to_engine(state, request, p, grant, url + "/v1/chat/completions", upstream,
                               relay, arrived)  # fmt: skip
     if m is None:  # the client went away mid-stream
         return response or web.Response(status=499)
     if m.engine_status != 200:
-        return edge.engine_refusal(m, True, p.request_id)
+        return edge.engine_refusal(m, api.anthropic, p.request_id)
     if response is not None:
         with contextlib.suppress(ClientGone):  # gone after the last text: nothing to tell
             await relay.finish(m)
         return response
     if m.status != "ok":
-        return errors.anthropic_error(504 if m.timed_out else 502, m.error or "engine error",
-                                      p.request_id, {"request-id": p.request_id})  # fmt: skip
+        status, message = 504 if m.timed_out else 502, m.error or "engine error"
+        if api.anthropic:
+            return errors.anthropic_error(status, message, p.request_id, ids)
+        return errors.openai_error(status, message, "api_error", headers=ids)
     return web.Response(body=_encoder.encode(relay.answer(m)), content_type="application/json",
-                        headers={"request-id": p.request_id})  # fmt: skip
+                        headers=ids)  # fmt: skip
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await translated_request(request, MESSAGES)
 
 
 async def responses_api(request: web.Request) -> web.StreamResponse:
     """``POST /v1/responses`` (``responses.py``): errors and 429s in OpenAI's shape."""
-    state = request.app[STATE]
-    arrived = time.monotonic()
-    if not state.authorized(request):
-        return unauthorized(False)
-    try:
-        raw = await edge.read_body(request, state.settings)
-        body, text, upstream, chat = await off_loop(state, len(raw), responses.decode_responses,
-                                                    raw)  # fmt: skip
-        check_model(state, body.model)
-        limit = state.settings.router.max_output_tokens
-        if (body.max_output_tokens or 0) > limit:
-            raise RequestError(f"max_output_tokens must be at most {limit} "
-                               "(router.max_output_tokens)", param="max_output_tokens")  # fmt: skip
-        text = await state.tokenizers.chat_text(body.model, text, lambda: chat, len(raw))
-        tokens = await tokens_of(state, body.model, text, None, "input")
-        p = await place(state, request, body, tokens, body.max_output_tokens)
-        routed = await route(state, p, False)
-    except RequestError as exc:
-        return refused(state, exc, False)
-    if isinstance(routed, web.Response):
-        return routed
-    grant, url, p = routed
-    response = (EventStream(headers={**SSE_HEADERS, "x-request-id": p.request_id})
-                if body.stream else None)  # fmt: skip
-    relay = responses_relay.ResponsesRelay(request, response, body, p.request_id, len(tokens),
-                                     state.reports_cached(grant))  # fmt: skip
-    m = await relay_to_engine(state, request, p, grant, url + "/v1/chat/completions", upstream,
-                              relay, arrived)  # fmt: skip
-    if m is None:  # the client went away mid-stream
-        return response or web.Response(status=499)
-    if m.engine_status != 200:
-        return edge.engine_refusal(m, False, p.request_id)
-    if response is not None:
-        with contextlib.suppress(ClientGone):
-            await relay.finish(m)
-        return response
-    if m.status != "ok":
-        return errors.openai_error(504 if m.timed_out else 502, m.error or "engine error",
-                                   "api_error", headers={"x-request-id": p.request_id})  # fmt: skip
-    return web.Response(body=_encoder.encode(relay.answer(m)), content_type="application/json",
-                        headers={"x-request-id": p.request_id})  # fmt: skip
+    return await translated_request(request, RESPONSES)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
