@@ -9,7 +9,6 @@ hash, a finite time) are checked here, on construction and on decode alike.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -17,6 +16,25 @@ from typing import Final, Literal, NewType
 
 import msgspec
 import numpy as np
+
+from foretoken.core.checks import (
+    MAX_BLOCK_SIZE,
+    MAX_COUNT,
+    MAX_DP_RANK,
+    MAX_DURATION_S,
+    MAX_ERROR_CHARS,
+    MAX_LORA_ADAPTERS,
+    MAX_OUTPUT_TOKENS,
+    MAX_PROMPT_TOKENS,
+    MAX_SEQS,
+    check_count,
+    check_finite,
+    check_group,
+    check_len,
+    check_part,
+    check_ts,
+    check_u64,
+)
 
 # --------------------------------------------------------------------------- identities
 
@@ -29,7 +47,6 @@ EngineBlockHash = NewType("EngineBlockHash", int)
 # foretoken's own chained content hash of a block (unsigned 64-bit).
 ContentHash = NewType("ContentHash", int)
 
-U64_MASK: Final = (1 << 64) - 1
 MAX_SEQ: Final = (1 << 63) - 1
 
 # --------------------------------------------------------------------------- enums
@@ -73,71 +90,6 @@ class ControlStage(StrEnum):
     ADMISSION = "admission"
 
 
-def _check_u64(name: str, values: tuple[int, ...]) -> None:
-    if values and (min(values) < 0 or max(values) > U64_MASK):
-        raise ValueError(f"{name} must be unsigned 64-bit (normalize engine hashes first)")
-
-
-# Bounds on what a record may say (beyond them a record is a mistake or an attack, and one
-# such value poisons every prediction of its worker: a 2^40 block size, a year-3000
-# timestamp, a 10^12-token grant — docs/ARCHITECTURE.md, "Values and records").
-MAX_BLOCK_SIZE: Final = 1 << 16
-MAX_PROMPT_TOKENS: Final = 1 << 24
-MAX_TS: Final = 4_102_444_800.0  # 2100-01-01: a time past it is not a clock's
-MAX_DURATION_S: Final = 86_400.0 * 7
-MAX_GROUP_IDX: Final = (1 << 16) - 1  # KV cache groups (vLLM: a handful per model)
-MAX_DP_RANK: Final = (1 << 16) - 1  # data-parallel ranks of one engine
-
-
-def _check_group(group_idx: int) -> None:
-    if not 0 <= group_idx <= MAX_GROUP_IDX:
-        raise ValueError(f"group_idx must be within 0..{MAX_GROUP_IDX}, got {group_idx}")
-
-
-def check_ts(name: str, value: float) -> None:
-    check_finite(name, value)
-    if value > MAX_TS:
-        raise ValueError(f"{name} must be a unix time before 2100, got {value}")
-
-
-MAX_ID_CHARS: Final = 1024  # request, worker and model ids, classes, conversations
-MAX_ERROR_CHARS: Final = 8192
-MAX_COUNT: Final = 1 << 40  # token counts of one request or queue: far past any engine's
-MAX_OUTPUT_TOKENS: Final = (1 << 31) - 1
-
-
-# A prediction's parts: a queue of a million requests is a long wait, not an overflow.
-MAX_PREDICTED_S: Final = 1e8
-PART_SLACK_S: Final = 1.0  # a part a rounding below 0 is still a part
-
-
-def check_part(name: str, value: float | None) -> None:
-    """A prediction's part (queue wait, own prefill): finite, about >= 0, not astronomic."""
-    check_finite(name, value, minimum=-PART_SLACK_S)
-    if value is not None and value > MAX_PREDICTED_S:
-        raise ValueError(f"{name} must be at most {MAX_PREDICTED_S:g} s, got {value}")
-
-
-def check_len(name: str, value: str | None, limit: int = MAX_ID_CHARS) -> None:
-    if value is not None and len(value) > limit:
-        raise ValueError(f"{name} must be at most {limit} characters, got {len(value)}")
-
-
-def check_count(name: str, value: int | None, limit: int = MAX_COUNT) -> None:
-    if value is not None and not 0 <= value <= limit:
-        raise ValueError(f"{name} must be within 0..{limit}, got {value}")
-
-
-def check_finite(name: str, value: float | None, *, minimum: float | None = 0.0) -> None:
-    """A value that must be finite (and at least ``minimum``) when given."""
-    if value is None:
-        return
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
 # --------------------------------------------------------------------------- workers
 
 
@@ -154,8 +106,11 @@ class SchedulerSettings(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
-        if self.long_prefill_token_threshold < 0:
-            raise ValueError("long_prefill_token_threshold must be >= 0")
+        check_count("max_num_batched_tokens", self.max_num_batched_tokens, MAX_PROMPT_TOKENS)
+        check_count("max_num_seqs", self.max_num_seqs, MAX_SEQS)
+        check_count(
+            "long_prefill_token_threshold", self.long_prefill_token_threshold, MAX_PROMPT_TOKENS
+        )
 
 
 def unknown_scheduler_keys(scheduler: object) -> list[str]:
@@ -213,12 +168,33 @@ class WorkerProfile(msgspec.Struct, kw_only=True, frozen=True, gc=False):
                 f"block_size must be within 1..{MAX_BLOCK_SIZE}, got {self.block_size}"
             )
         check_ts("ts", self.ts)
-        if self.gpu_blocks is not None and self.gpu_blocks < 1:
-            raise ValueError(f"gpu_blocks must be >= 1, got {self.gpu_blocks}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.gpu_blocks is not None and not 1 <= self.gpu_blocks <= MAX_COUNT:
+            raise ValueError(f"gpu_blocks must be within 1..{MAX_COUNT}, got {self.gpu_blocks}")
+        if self.max_model_len is not None and not 2 <= self.max_model_len <= MAX_COUNT:
+            raise ValueError(
+                f"max_model_len must be within 2..{MAX_COUNT}, got {self.max_model_len}"
+            )
         if not self.worker_id or not self.model:
             raise ValueError("worker_id and model must be non-empty")
+        for name in (
+            "worker_id",
+            "model",
+            "engine",
+            "engine_version",
+            "kv_hash_algo",
+            "config_hash",
+        ):
+            check_len(name, getattr(self, name))
+        if not self.tiers or len(set(self.tiers)) != len(self.tiers):
+            raise ValueError(f"tiers must be non-empty and distinct, got {list(self.tiers)}")
+        if len(self.lora_adapters) > MAX_LORA_ADAPTERS:
+            raise ValueError(
+                f"at most {MAX_LORA_ADAPTERS} lora_adapters, got {len(self.lora_adapters)}"
+            )
+        for name in self.lora_adapters:
+            if not name:
+                raise ValueError("a lora adapter's name must be non-empty")
+            check_len("lora adapter", name)
 
     @property
     def cache_source(self) -> CacheSource:
@@ -262,14 +238,14 @@ class BlockStored(msgspec.Struct, kw_only=True, frozen=True, tag="stored", gc=Fa
     extra_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_u64("block_hashes", self.block_hashes)
+        check_u64("block_hashes", self.block_hashes)
         if self.parent_block_hash is not None:
-            _check_u64("parent_block_hash", (self.parent_block_hash,))
+            check_u64("parent_block_hash", (self.parent_block_hash,))
         if not 0 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(
                 f"block_size must be within 0..{MAX_BLOCK_SIZE}, got {self.block_size}"
             )
-        _check_group(self.group_idx)
+        check_group(self.group_idx)
         if len(self.packed_token_ids) % 4:
             raise ValueError("packed_token_ids must be 4 bytes per token")
         if self.token_ids and self.packed_token_ids:
@@ -297,8 +273,8 @@ class BlockRemoved(msgspec.Struct, kw_only=True, frozen=True, tag="removed", gc=
     group_idx: int = 0
 
     def __post_init__(self) -> None:
-        _check_u64("block_hashes", self.block_hashes)
-        _check_group(self.group_idx)
+        check_u64("block_hashes", self.block_hashes)
+        check_group(self.group_idx)
 
 
 class AllCleared(msgspec.Struct, kw_only=True, frozen=True, tag="cleared", gc=False):
@@ -331,6 +307,9 @@ class KvBatch(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     def __post_init__(self) -> None:
         if not 0 <= self.seq <= MAX_SEQ:
             raise ValueError(f"seq must be in 0..2^63-1, got {self.seq}")
+        check_ts("ts", self.ts)
+        check_len("worker_id", self.worker_id)
+        check_len("model", self.model)
         if not 0 <= self.dp_rank <= MAX_DP_RANK:
             raise ValueError(f"dp_rank must be within 0..{MAX_DP_RANK}, got {self.dp_rank}")
 

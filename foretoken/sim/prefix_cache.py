@@ -49,7 +49,8 @@ from typing import Any, Literal, cast
 import numpy as np
 import xxhash
 
-from foretoken.core.types import U64_MASK, EngineBlockHash, RequestId
+from foretoken.core.checks import U64_MASK
+from foretoken.core.types import EngineBlockHash, RequestId
 from foretoken.sim.spec import LowerTier
 from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, Tier
 

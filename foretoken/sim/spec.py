@@ -59,8 +59,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from foretoken.core.checks import U64_MASK
 from foretoken.core.types import (
-    U64_MASK,
     EngineReport,
     ModelName,
     Tier,

@@ -8,7 +8,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from foretoken.core.types import U64_MASK, EngineBlockHash
+from foretoken.core.checks import U64_MASK
+from foretoken.core.types import EngineBlockHash
 from foretoken.wire.records import WireFormat
 
 T = TypeVar("T")

@@ -14,6 +14,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
+from foretoken.core.checks import check_len, check_ts
 from foretoken.core.types import (
     AllCleared,
     BlockRemoved,
@@ -36,6 +37,7 @@ from foretoken.core.types import (
 )
 
 SCHEMA_VERSION: Final = 1
+MAX_PARTITIONS: Final = 1 << 16  # a topic's partitions (and a member's models)
 WireFormat = Literal["json", "msgpack"]
 
 __all__ = [
@@ -183,6 +185,21 @@ class Member(msgspec.Struct, kw_only=True, frozen=True, gc=False):
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version)
+        check_ts("ts", self.ts)
+        for name in ("instance_id", "url", "group"):
+            check_len(name, getattr(self, name))
+        if not self.instance_id:
+            raise ValueError("instance_id must be non-empty")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be http(s)://..., got {self.url[:64]!r}")
+        if len(self.partitions) > MAX_PARTITIONS or any(
+            not 0 <= p < MAX_PARTITIONS for p in self.partitions
+        ):
+            raise ValueError(f"partitions must be within 0..{MAX_PARTITIONS - 1}")
+        if len(self.models) > MAX_PARTITIONS:
+            raise ValueError(f"at most {MAX_PARTITIONS} models")
+        for model in self.models:
+            check_len("model", model)
 
 
 Record = (

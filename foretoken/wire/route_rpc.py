@@ -18,7 +18,8 @@ from typing import Annotated, Final
 import msgspec
 import numpy as np
 
-from foretoken.core.types import ModelName, RequestId, RouteDecision, RouteQuery, check_finite
+from foretoken.core.checks import check_finite
+from foretoken.core.types import ModelName, RequestId, RouteDecision, RouteQuery
 from foretoken.wire.codec import DecodeError, decode
 from foretoken.wire.records import SCHEMA_VERSION, Grant, _check_version, as_record
 

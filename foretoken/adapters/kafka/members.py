@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ from foretoken.wire.records import Member
 log = logging.getLogger(__name__)
 ALIVE_INTERVALS = 3.0
 RETRY_S = 1.0
+# A member record stamped further ahead of the reader's clock than this is ignored.
+MAX_AHEAD_S = 60.0
 
 
 @dataclass
@@ -49,11 +52,17 @@ class MembersView:
     members: dict[str, Member] = field(default_factory=dict)
     updates: int = 0
 
-    def apply(self, member: Member) -> None:
+    def apply(self, member: Member, now_s: float | None = None) -> bool:
+        """Take ``member`` unless an newer record of it is known, or (given the local clock
+        ``now_s``) its time is more than :data:`MAX_AHEAD_S` ahead: such a record (a forged
+        or broken clock) would otherwise outrank every true advert of that member forever."""
+        if now_s is not None and member.ts > now_s + MAX_AHEAD_S:
+            return False
         known = self.members.get(member.instance_id)
         if known is None or member.ts >= known.ts:
             self.members[member.instance_id] = member
             self.updates += 1
+        return True
 
     def alive(self, now_s: float) -> list[Member]:
         """Members that said they run, recently enough, sorted by instance id."""
@@ -127,6 +136,13 @@ async def follow_members(
 
 def _apply(view: MembersView, value: bytes | None) -> None:
     try:
-        view.apply(decode(value, Member))
+        member = decode(value, Member)
     except DecodeError as exc:
         log.warning("members: ignoring a record (%s)", exc.reason)
+        return
+    if not view.apply(member, time.time()):
+        log.warning(
+            "members: ignoring %r, stamped %.0f s ahead of this clock",
+            member.instance_id[:64],
+            member.ts - time.time(),
+        )

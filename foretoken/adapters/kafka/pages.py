@@ -14,6 +14,7 @@ once: a forwarded request that still lands on a non-owner gets 421, one with no 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from typing import cast
@@ -35,6 +36,7 @@ from foretoken.adapters.kafka.metrics import PROMETHEUS_CONTENT_TYPE
 from foretoken.adapters.kafka.processor import ProcessorState
 from foretoken.wire.route_rpc import RouteRequestError, TokenId
 
+log = logging.getLogger(__name__)
 JSON = "application/json"
 FORWARDED_HEADER = "x-foretoken-forwarded"
 FORWARD_TIMEOUT_S = 5.0
@@ -131,6 +133,11 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
                 answer = state.route(route)
             except RouteRequestError as exc:  # e.g. 409: the id names another request
                 return _error(self, exc)
+            except Exception as exc:  # a bug must not answer a bare 500 with no reason
+                log.exception("route request %r failed", route.request_id)
+                message = f"the route service failed on this request: {type(exc).__name__}: {exc}"
+                return self.bytes(error_body(message[:512], None, "route_failed"), status=500,
+                                  content_type=JSON)  # fmt: skip
             return self.bytes(answer, content_type=JSON)
 
         async def _forward(self, request: Request, raw: bytes, owner: object) -> Response:

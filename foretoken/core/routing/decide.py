@@ -32,6 +32,7 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from foretoken.core.checks import MAX_PREDICTED_S
 from foretoken.core.cost.quantiles import TtftQuantiles
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.routing.config import PredictorConfig
@@ -39,7 +40,6 @@ from foretoken.core.routing.controls import LatencyControls
 from foretoken.core.routing.fleet import WorkerBook
 from foretoken.core.routing.predict import Candidate
 from foretoken.core.types import (
-    MAX_PREDICTED_S,
     CacheSource,
     CandidatePrediction,
     RejectReason,

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foretoken.core.types import U64_MASK, EngineBlockHash, RequestId
+from foretoken.core.checks import U64_MASK
+from foretoken.core.types import EngineBlockHash, RequestId
 from foretoken.sim.prefix_cache import BlockHasher, CacheHit, KvCacheEvent, PrefixCache
 from foretoken.sim.spec import LowerTier
 from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored, Tier

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from foretoken.core.types import U64_MASK
+from foretoken.core.checks import U64_MASK
 from foretoken.sim.spec import (
     FleetSpecError,
     TruthSpec,

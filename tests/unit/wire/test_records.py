@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from foretoken.core.types import U64_MASK
+from foretoken.core.checks import U64_MASK
+from foretoken.core.types import TIERS
 from foretoken.wire.codec import DecodeError, decode, encode, normalize_engine_hash
 from foretoken.wire.records import (
     RECORD_TYPES,
@@ -23,12 +24,24 @@ from foretoken.wire.records import (
     KvEventBatch,
     Outcome,
     Record,
+    WorkerRegistration,
 )
 
 FINITE = st.floats(min_value=0, max_value=1e5, allow_nan=False, allow_infinity=False)
 # Counts of tokens and the like are bounded by the records' checks (far below 2^63).
 COUNT = st.integers(0, 1 << 20)
 MAX_I64 = (1 << 63) - 1
+# Fields whose valid values a generic strategy would rarely hit (bounded sizes, URLs, a
+# non-empty set of tiers).
+NAMED: dict[str, st.SearchStrategy[Any]] = {
+    "url": st.just("http://127.0.0.1:1"),
+    "tiers": st.lists(st.sampled_from(TIERS), min_size=1, max_size=4, unique=True).map(tuple),
+    **{
+        name: st.integers(1, 1 << 20)
+        for name in ("gpu_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens")
+    },
+    "long_prefill_token_threshold": COUNT,
+}
 
 
 def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
@@ -56,7 +69,8 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         return st.one_of([strategy_for(a) for a in args])
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         hints = typing.get_type_hints(tp)
-        fields = {f.name: COUNT if _is_count(f.name, hints[f.name]) else strategy_for(hints[f.name])
+        fields = {f.name: NAMED[f.name] if f.name in NAMED else
+                  COUNT if _is_count(f.name, hints[f.name]) else strategy_for(hints[f.name])
                   for f in msgspec.structs.fields(tp)}  # fmt: skip
         fields.pop("schema_version", None)
         return st.builds(tp, **fields)
@@ -203,3 +217,36 @@ def test_a_store_carries_its_tokens_packed_and_old_records_still_decode() -> Non
         fields = {**event, **bad} if reason == "not both" else {**event, "token_ids": [], **bad}
         with pytest.raises(DecodeError, match=reason):
             decode(json.dumps({**old, "events": [fields]}).encode(), KvEventBatch)
+
+
+_REG = {"worker_id": "w", "model": "m", "engine": "vllm", "engine_version": "1", "block_size": 16,
+        "config_hash": "c", "ts": 1.0, "endpoints": {"http_url": "http://127.0.0.1:1"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"worker_id": "x" * 5000}, {"model": "m" * 2000}, {"engine_version": "v" * 2000},
+     {"gpu_blocks": 1 << 62}, {"max_model_len": 1 << 62}, {"tiers": []},
+     {"tiers": ["GPU", "GPU"]}, {"lora_adapters": [""]}, {"lora_adapters": ["a" * 2000]},
+     {"lora_adapters": [f"l{i}" for i in range(5000)]},
+     {"scheduler": {"max_num_seqs": 1 << 62}},
+     {"scheduler": {"max_num_batched_tokens": 1 << 62}},
+     {"scheduler": {"long_prefill_token_threshold": 1 << 62}}],
+)  # fmt: skip
+def test_absurd_registrations_are_refused(change: dict[str, Any]) -> None:
+    """A worker id past the id bound once got into the route service's book and made every
+    decision for its model fail (a bare 500): such a registration is dead-lettered."""
+    with pytest.raises(DecodeError):
+        decode(json.dumps({**_REG, **change}).encode(), WorkerRegistration)
+    decode(json.dumps(_REG).encode(), WorkerRegistration)  # the base record is fine
+
+
+@pytest.mark.parametrize("ts", [float("nan"), float("-inf"), -1e300, -5.0, 1e300])
+def test_kv_batches_need_a_real_time(ts: float) -> None:
+    """Engine steps are timed from consecutive batches' stamps: a NaN or negative stamp is
+    dead-lettered, not consumed."""
+    raw = msgspec.msgpack.encode({"worker_id": "w", "model": "m", "seq": 1, "ts": ts,
+                                  "events": []})  # fmt: skip
+    with pytest.raises(DecodeError, match="ts"):
+        decode(raw, KvEventBatch)
+    decode(b'{"worker_id":"w","model":"m","seq":1,"ts":5,"events":[]}', KvEventBatch)

@@ -9,8 +9,10 @@ images, thinking, server tools, an unknown field of the body, a message, a block
 ``metadata`` — is refused with a 400 naming it, never dropped; ``thinking: {"type":
 "disabled"}`` asks for nothing and is taken) and translated into the chat completion the
 engine streams: the same messages the router tokenizes, so what is routed is what is
-prefilled. The engine's OpenAI events come back as Anthropic's: ``message_start``,
-``content_block_start``, ``ping``, ``content_block_delta`` (``text_delta``, then a tool
+prefilled (several text blocks become the chat API's text parts, which the engine's chat
+template joins as for any client). The engine's OpenAI events come back as Anthropic's:
+``message_start``, ``content_block_start`` (with the first text; an answer of only tool
+calls has no text block), ``ping``, ``content_block_delta`` (``text_delta``, then a tool
 call's ``input_json_delta``), ``content_block_stop``, ``message_delta`` (stop reason,
 output and cache-read tokens), ``message_stop`` — or an ``error`` event when the stream
 breaks.
@@ -67,6 +69,10 @@ class Block(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     title: Any = None
     context: Any = None
     citations: Any = None
+    # a tool_use block as the SDK serialises it (model_dump): who called the tool and the
+    # toolset it came from; they say nothing the engine needs
+    caller: Any = None
+    toolset_name: Any = None
 
 
 class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -114,12 +120,33 @@ _messages = msgspec.json.Decoder(MessagesBody)
 _count = msgspec.json.Decoder(CountTokensBody)
 
 
-def _text(content: str | list[Block] | None, where: str) -> str:
+Text = str | list[dict[str, Any]]  # a chat message's content: a string or text parts
+
+
+def _text(content: str | list[Block] | None, where: str) -> Text:
     return _blocks(content, where, "system")[0]
 
 
+def text_content(texts: list[str]) -> Text:
+    """Several text blocks as the chat API's text parts (the engine's chat template joins
+    them as it does for any client: vLLM with a newline), one as a string."""
+    if len(texts) == 1:
+        return texts[0]
+    return [{"type": "text", "text": t} for t in texts] if texts else ""
+
+
+def _join(first: Text, second: Text) -> Text:
+    """Two turns of one role as one message's content (Anthropic combines them)."""
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+    parts = [first] if isinstance(first, str) else first
+    more = [second] if isinstance(second, str) else second
+    as_parts = [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts + more]
+    return [p for p in as_parts if p["text"]]
+
+
 def _blocks(content: str | list[Block] | None, where: str,
-            role: str) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+            role: str) -> tuple[Text, list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
     """A turn's text, its tool calls (an assistant's ``tool_use`` blocks) and its tool
     results (a user's ``tool_result`` blocks, as ``tool`` messages)."""
     if content is None or isinstance(content, str):
@@ -148,7 +175,7 @@ def _blocks(content: str | list[Block] | None, where: str,
                 raise RequestError(f"{field}: not a field of a text block, or not supported by "
                                    "this router", param=field)  # fmt: skip
         texts.append(block.text)
-    return "".join(texts), calls, results
+    return text_content(texts), calls, results
 
 
 def _off(name: str, value: Any) -> bool:
@@ -178,7 +205,7 @@ def _messages_of(body: _Base) -> list[dict[str, Any]]:
         last = out[-1] if len(out) > first else None
         if (last is not None and last["role"] == m.role and not calls
                 and not last.get("tool_calls")):  # fmt: skip
-            last["content"] = f"{last['content']}\n\n{text}"
+            last["content"] = _join(last["content"], text)
             continue
         message: dict[str, Any] = {"role": m.role, "content": text}
         if calls:
@@ -236,7 +263,8 @@ def _prefill(messages: list[dict[str, Any]], given: int) -> bool:
     last = messages[-1] if messages else None
     if last is None or last["role"] != "assistant" or last.get("tool_calls"):
         return False
-    if last["content"] != last["content"].rstrip():
+    text = content_text(last["content"])
+    if text != text.rstrip():
         raise RequestError("final assistant content cannot end with trailing whitespace",
                            param=f"messages[{given - 1}].content")  # fmt: skip
     return True
@@ -262,6 +290,12 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (kind.encode(), body)
 
 
+_PING: Final = _event("ping", {})
+_TEXT_START: Final = _event(
+    "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+)
+
+
 class AnthropicRelay:
     """Engine events → an Anthropic answer, streamed or one JSON message."""
 
@@ -278,6 +312,7 @@ class AnthropicRelay:
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.error: str | None = None
+        self.started = False  # a content block was started (streaming)
 
     def _message(self) -> dict[str, Any]:
         usage: dict[str, Any] = {"input_tokens": self.input_tokens - self.credited_cached,
@@ -295,28 +330,32 @@ class AnthropicRelay:
             await self.response.prepare(self.request)
         except (ConnectionError, RuntimeError) as exc:
             raise ClientGone(str(exc)) from exc
-        await write(self.response, _event("message_start", {"message": self._message()})
-                    + _event("content_block_start", {"index": 0,
-                                                     "content_block": {"type": "text", "text": ""}})
-                    + _event("ping", {}))  # fmt: skip
+        # the text block starts with the first text: an answer that is only tool calls has
+        # none (as Anthropic answers a forced tool call)
+        await write(self.response, _event("message_start", {"message": self._message()}))
 
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
         parts: list[bytes] = []
         streaming = _event if self.response is not None else None
         for d in deltas(events):
             if d.text and self.tools.open is None:  # (text after a tool call: none comes)
+                if streaming is not None and not self.text:
+                    parts.append(_TEXT_START)
                 self.text.append(d.text)
                 if streaming is not None:
                     delta_event = {"index": 0, "delta": {"type": "text_delta", "text": d.text}}
                     parts.append(_event("content_block_delta", delta_event))
             if d.tool_calls:
-                parts += self.tools.add(d.tool_calls, streaming)
+                parts += self.tools.add(d.tool_calls, streaming, text_open=bool(self.text))
             self.finish_reason = d.finish_reason or self.finish_reason
             if d.choice.get("stop_reason") is not None:
                 self.stop_reason = d.choice["stop_reason"]
             elif isinstance(d.choice.get("matched_stop"), str):  # SGLang's (an int: a token)
                 self.stop_reason = d.choice["matched_stop"]
         if parts and self.response is not None:
+            if not self.started:  # Anthropic's order: the first block's start, then a ping
+                parts.insert(1, _PING)
+                self.started = True
             await write(self.response, b"".join(parts))
 
     async def close(self, error: str | None) -> None:
@@ -330,8 +369,10 @@ class AnthropicRelay:
             await write(self.response, _event("error", err))
             return
         stop, sequence = _stop(self.finish_reason, self.stop_reason)
+        empty = not self.text and not self.tools.calls  # no block yet: an empty text block
         await write(self.response,
-                    _event("content_block_stop", {"index": self.tools.last_block()})
+                    (_TEXT_START + _PING if empty else b"")
+                    + _event("content_block_stop", {"index": self.tools.last_block()})
                     + _event("message_delta", {"delta": {"stop_reason": stop,
                                                          "stop_sequence": sequence},
                                                "usage": self.usage(m)})
@@ -350,9 +391,15 @@ class AnthropicRelay:
             usage["cache_read_input_tokens"] = min(cached, prompt)
         return usage
 
+    def _text_block(self) -> list[dict[str, Any]]:
+        """The answer's text block: none before tool calls when there was no text."""
+        if not self.text and self.tools.calls:
+            return []
+        return [{"type": "text", "text": "".join(self.text)}]
+
     def answer(self, m: Measured) -> dict[str, Any]:
         stop, sequence = _stop(self.finish_reason, self.stop_reason)
         return self._message() | {
-            "content": [{"type": "text", "text": "".join(self.text)}, *self.tools.blocks()],
+            "content": [*self._text_block(), *self.tools.blocks()],
             "stop_reason": stop, "stop_sequence": sequence, "usage": self.usage(m),
         }  # fmt: skip

@@ -6,7 +6,8 @@ becomes ``auto`` / ``required`` / the named function / ``none``, and its
 ``disable_parallel_tool_use`` ``parallel_tool_calls: false``; an assistant turn's
 ``tool_use`` blocks become its ``tool_calls`` (the input as JSON arguments), and a user
 turn's ``tool_result`` blocks become ``tool`` messages before its text, as the chat
-completion API orders them. Anthropic's server tools (``web_search_…``, ``bash_…``: a
+completion API orders them (an ``is_error`` result's text starts with ``Error: ``: the chat
+API has no such flag). Anthropic's server tools (``web_search_…``, ``bash_…``: a
 ``type`` other than ``custom``) run at Anthropic, not in an engine, and are refused.
 
 Answer: the engine's ``tool_calls`` deltas become ``tool_use`` content blocks after the
@@ -25,6 +26,8 @@ from foretoken.adapters.http.router.deltas import tool_pieces
 from foretoken.adapters.http.router.requests import RequestError
 
 Event = Callable[[str, dict[str, Any]], bytes]
+# A tool result marked ``is_error``: the chat API has no flag for it, so its text says it.
+ERROR_PREFIX = "Error: "
 
 
 def tools(value: Any) -> list[dict[str, Any]] | None:
@@ -103,35 +106,49 @@ def result(block: Any, where: str) -> dict[str, Any]:
                                    "result by this router",
                                    param=f"{where}.content[{j}]")  # fmt: skip
             texts.append(str(part.get("text") or ""))
-        content = "".join(texts)
+        content = texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
     elif content is not None and not isinstance(content, str):
         raise RequestError(f"{where}.content must be text or text blocks",
                            param=f"{where}.content")  # fmt: skip
+    if block.is_error is True:  # the chat API has no such flag: the model reads it instead
+        if isinstance(content, list):
+            content = [{"type": "text", "text": ERROR_PREFIX.strip()}, *content]
+        else:
+            content = ERROR_PREFIX + (content or "")
+    elif block.is_error not in (None, False):
+        raise RequestError(f"{where}.is_error must be a boolean", param=f"{where}.is_error")
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content or ""}
 
 
 class ToolCalls:
-    """The engine's streamed tool calls, as Anthropic ``tool_use`` blocks after block 0."""
+    """The engine's streamed tool calls, as Anthropic ``tool_use`` blocks: after the text
+    block (0) when the answer had text before them, else from block 0 (as Anthropic answers
+    a forced tool call: no empty text block first)."""
 
     def __init__(self) -> None:
         self.calls: dict[int, dict[str, Any]] = {}  # OpenAI index → id, name, argument pieces
         self.open: int | None = None  # the OpenAI index whose block is open
+        self.base = 1  # the block of the first tool call
 
     def block_of(self, index: int) -> int:
-        return 1 + sorted(self.calls).index(index)
+        return self.base + sorted(self.calls).index(index)
 
-    def add(self, calls: list[Any], event: Event | None) -> list[bytes]:
-        """One event's ``tool_calls`` deltas; the Anthropic events they make (streaming)."""
+    def add(self, calls: list[Any], event: Event | None, text_open: bool = True) -> list[bytes]:
+        """One event's ``tool_calls`` deltas; the Anthropic events they make (streaming).
+        ``text_open``: a text block is open before them (it is closed, and they follow it)."""
         out: list[bytes] = []
         for piece in tool_pieces(calls, len(self.calls)):
             index = piece.index
             entry = self.calls.get(index)
             if entry is None:
+                if not self.calls:
+                    self.base = 1 if text_open else 0
                 entry = self.calls[index] = {"id": piece.call_id or f"toolu_{index}",
                                              "name": piece.name or "", "args": []}  # fmt: skip
                 if event is not None:
-                    closing = self.block_of(self.open) if self.open is not None else 0
-                    out.append(event("content_block_stop", {"index": closing}))
+                    if self.open is not None or text_open:
+                        closing = self.block_of(self.open) if self.open is not None else 0
+                        out.append(event("content_block_stop", {"index": closing}))
                     block = {"type": "tool_use", "id": entry["id"], "name": entry["name"],
                              "input": {}}  # fmt: skip
                     out.append(event("content_block_start", {"index": self.block_of(index),

@@ -11,7 +11,7 @@ import msgspec
 
 from foretoken.adapters.http.router.anthropic import AnthropicRelay, decode_messages
 from foretoken.adapters.http.router.proxy import Measured
-from tests.unit.adapters.http.engine_events import TOOL_TURN, Sink
+from tests.unit.adapters.http.engine_events import TOOL_TURN, Sink, delta
 
 WEATHER = {"name": "weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
@@ -71,12 +71,13 @@ def test_streamed_tool_calls_are_tool_use_blocks() -> None:
               if e.strip()]  # fmt: skip
     shape = [(e["type"], e.get("index")) for e in events]
     assert shape == [
-        ("content_block_delta", 0), ("content_block_stop", 0), ("content_block_start", 1),
+        ("content_block_start", 0), ("ping", None), ("content_block_delta", 0),
+        ("content_block_stop", 0), ("content_block_start", 1),
         ("content_block_delta", 1), ("content_block_delta", 1), ("content_block_stop", 1),
         ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2),
         ("message_delta", None), ("message_stop", None),
     ]  # fmt: skip
-    assert events[2]["content_block"] == {"type": "tool_use", "id": "call_a",
+    assert events[4]["content_block"] == {"type": "tool_use", "id": "call_a",
                                           "name": "weather", "input": {}}  # fmt: skip
     pieces = "".join(e["delta"]["partial_json"] for e in events if e.get("index") == 1
                      and e["type"] == "content_block_delta")  # fmt: skip
@@ -94,3 +95,57 @@ def test_a_whole_answer_has_its_tool_use_blocks_with_their_input() -> None:
         {"type": "tool_use", "id": "call_a", "name": "weather", "input": {"city": "Oslo"}},
         {"type": "tool_use", "id": "call_b", "name": "time", "input": {}},
     ]  # fmt: skip
+
+
+def _stream(turn: list[tuple[bytes, object]]) -> list[dict[str, object]]:
+    sink = Sink()
+    relay = AnthropicRelay(None, sink, "msg_1", "m", 10)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        await relay.send(turn)  # type: ignore[arg-type]
+        await relay.finish(Measured(output_tokens=9))
+
+    asyncio.run(run())
+    return [json.loads(e.split("data: ", 1)[1]) for e in sink.data.decode().split("\n\n")
+            if e.strip()]  # fmt: skip
+
+
+def test_an_answer_of_only_tool_calls_has_no_empty_text_block() -> None:
+    """As Anthropic answers a forced tool call: ``content[0]`` is the tool_use block (an
+    empty text block first broke ``content[0].input`` and is refused if sent back)."""
+    turn = TOOL_TURN[1:]
+    shape = [(e["type"], e.get("index")) for e in _stream(turn)]
+    assert shape[:3] == [("content_block_start", 0), ("ping", None), ("content_block_delta", 0)]
+    assert shape.count(("content_block_stop", 0)) == 1
+    relay = AnthropicRelay(None, None, "msg_1", "m", 10)  # type: ignore[arg-type]
+    asyncio.run(relay.send(turn))
+    assert [b["type"] for b in relay.answer(Measured(output_tokens=9))["content"]] == [
+        "tool_use", "tool_use"]  # fmt: skip
+    empty = [(e["type"], e.get("index")) for e in _stream([delta({}, finish="stop")])]
+    assert empty == [("content_block_start", 0), ("ping", None), ("content_block_stop", 0),
+                     ("message_delta", None), ("message_stop", None)]  # fmt: skip
+
+
+def test_blocks_as_the_sdk_dumps_them_and_errors_of_tools_are_taken() -> None:
+    body = {
+        "model": "m", "max_tokens": 5, "tools": [WEATHER],
+        "system": [{"type": "text", "text": "sys"}, {"type": "text", "text": "sys2"}],
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "Here is the doc.",
+                 "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "What is X?"}]},
+            {"role": "assistant", "content": [  # model_dump() of the SDK's ToolUseBlock
+                {"type": "tool_use", "id": "t1", "name": "weather", "input": {},
+                 "caller": None, "toolset_name": None}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "timeout",
+                 "is_error": True}]},
+        ],
+    }  # fmt: skip
+    sent = json.loads(decode_messages(msgspec.json.encode(body))[2])["messages"]
+    parts = [{"type": "text", "text": t} for t in ("sys", "sys2")]
+    assert sent[0] == {"role": "system", "content": parts}  # text parts, not "syssys2"
+    assert sent[1]["content"] == [{"type": "text", "text": "Here is the doc."},
+                                  {"type": "text", "text": "What is X?"}]  # fmt: skip
+    assert sent[3] == {"role": "tool", "tool_call_id": "t1", "content": "Error: timeout"}

@@ -98,8 +98,8 @@ def test_anthropic_messages_become_the_chat_the_engine_streams() -> None:
     up = json.loads(upstream)
     assert up["messages"] == [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "ab"},
-    ]
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    ]  # several blocks: the chat API's text parts (the engine's template joins them)
     assert up["stop"] == ["END"] and up["user"] == "u1" and up["max_tokens"] == 5
     assert up["stream"] is True and text == chat_to_text(up["messages"])
     _, counted, _ = decode_count_tokens(b'{"model":"m","messages":[{"role":"user","content":"a"}]}')

@@ -114,3 +114,28 @@ def test_readiness_waits_for_every_registration() -> None:
         lag.consumed("t-w", 0, offset)
     lag.update({}, {}, 2.0)
     assert lag.readiness(2.0) == "ok"
+
+
+def test_a_member_stamped_far_ahead_of_the_clock_is_ignored() -> None:
+    """A forged (or broken-clock) advert with a far-future ts would outrank every true
+    advert of that instance forever; a reader with a clock ignores it."""
+    view = MembersView(max_age_s=3.0)
+    assert view.apply(_member("a", 100.0), now_s=100.0)
+    assert not view.apply(_member("a", 4e9, ready=False), now_s=101.0)
+    assert view.apply(_member("a", 101.0), now_s=101.0)
+    assert view.members["a"].ready and view.members["a"].ts == 101.0
+    assert view.share("a", "app-route", 102.0) is None  # alone, but known and ready
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"ts": float("inf")}, {"ts": 1e300}, {"ts": -1.0}, {"instance_id": ""},
+     {"instance_id": "x" * 5000}, {"url": "ftp://x"}, {"partitions": (-1,)},
+     {"models": ("m" * 2000,)}],
+)  # fmt: skip
+def test_member_records_are_checked(change: dict[str, object]) -> None:
+    fields = {"instance_id": "a", "role": "route", "url": "http://a", "group": "g",
+              "sharding": "none", "partitions": (0,), "ready": True, "ts": 1.0,
+              **change}  # fmt: skip
+    with pytest.raises(ValueError):
+        Member(**fields)  # type: ignore[arg-type]
