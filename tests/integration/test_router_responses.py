@@ -54,7 +54,7 @@ def test_a_response_has_the_shape_the_sdk_reads_and_the_engine_gets_the_chat(
     assert r.output[0].type == "message" and r.output[0].role == "assistant"
     sent = json.loads(r.output_text)  # the stub echoes the body it got
     assert sent["messages"] == [
-        {"role": "system", "content": "be brief"}, {"role": "system", "content": "dev"},
+        {"role": "system", "content": "be brief\n\ndev"},  # one system message
         {"role": "user", "content": [{"type": "text", "text": ECHO}]},  # parts stay parts
         {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
         {"role": "user", "content": "again"},
@@ -115,7 +115,9 @@ def test_the_async_client_streams(router: StubRouter) -> None:
     ({"tool_choice": "required"}, "tool_choice"),  # without tools
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
-    ({"text": {"format": {"type": "json_object"}}}, "text"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
+    ({"truncation": "auto"}, "truncation"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input[0].type"),
@@ -158,6 +160,26 @@ def test_function_tools_and_a_tool_loop_reach_the_engine(router: StubRouter) -> 
     assert sent["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
 
 
+def test_structured_output_is_the_engines_response_format(router: StubRouter) -> None:
+    """``text.format`` (what ``responses.parse(text_format=...)`` sends) becomes the chat
+    completion's ``response_format``: the engine's guided decoding, not a 400."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "name": "A", "schema": schema, "strict": True}
+    r = _client(router.url).responses.create(  # type: ignore[call-overload]
+        model=MODEL, input=ECHO, text={"format": fmt}
+    )
+    assert json.loads(r.output_text)["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "A", "schema": schema, "strict": True},
+    }
+    assert r.text.format.type == "json_schema"  # echoed as asked
+    r = _client(router.url).responses.create(  # type: ignore[call-overload]
+        model=MODEL, input=ECHO, text={"format": {"type": "json_object"}}
+    )
+    assert json.loads(r.output_text)["response_format"] == {"type": "json_object"}
+
+
 def test_nothing_asked_is_taken(router: StubRouter) -> None:
     client = _client(router.url)
     extras: list[dict[str, Any]] = [
@@ -170,3 +192,15 @@ def test_nothing_asked_is_taken(router: StubRouter) -> None:
     for extra in extras:
         body = {"model": MODEL, "input": "x", "max_output_tokens": 1} | extra
         assert client.responses.create(**body).output_text  # type: ignore[call-overload]
+
+
+def test_instructions_and_a_developer_item_are_one_system_message(router: StubRouter) -> None:
+    """Chat templates refuse a second system message: instructions and leading
+    system/developer items reach the engine as one."""
+    r = _client(router.url).responses.create(  # type: ignore[call-overload]
+        model=MODEL, instructions="be brief",
+        input=[{"role": "developer", "content": "use metric"}, {"role": "user", "content": ECHO}],
+    )  # fmt: skip
+    sent = json.loads(r.output_text)["messages"]
+    assert sent[0] == {"role": "system", "content": "be brief\n\nuse metric"}
+    assert [m["role"] for m in sent] == ["system", "user"]

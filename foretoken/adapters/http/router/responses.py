@@ -6,12 +6,14 @@ content as a string or ``input_text`` / ``output_text`` / ``refusal`` parts), th
 ``function_call`` items and their ``function_call_output`` (the assistant's tool calls and
 ``tool`` messages), ``instructions`` (a system message first), function ``tools``,
 ``tool_choice``, ``parallel_tool_calls``, ``max_output_tokens``, ``temperature``, ``top_p``,
-``user``, ``metadata``, vLLM's ``cache_salt``; accepted as nothing to do: ``store: false``,
-``service_tier``, ``truncation: "disabled"``, ``prompt_cache_key``, ``safety_identifier``,
+``user``, ``metadata``, vLLM's ``cache_salt``, structured output (``text.format``
+``json_schema`` or ``json_object``: the chat completion's ``response_format``, the engine's
+guided decoding); accepted as nothing to do: ``store: false``, ``service_tier``,
+``truncation: "disabled"``, ``prompt_cache_key``, ``safety_identifier``,
 ``stream_options``. What it cannot honour — hosted tools (web search, file search, …), a
 ``previous_response_id`` or ``conversation`` or ``store: true`` (no state kept), reasoning
-settings, images and files, structured output, ``include``, background mode — is refused
-with a 400 naming it, never dropped; ``text: {"format": {"type": "text"}}`` asks for nothing.
+settings, images and files, ``truncation: "auto"``, ``text.verbosity``, ``include``,
+background mode — is refused with a 400 naming it, never dropped.
 
 The request becomes the chat completion the engine streams (the messages and tools the
 router tokenizes, so what is routed is what is prefilled); the engine's events come back as
@@ -89,7 +91,7 @@ class ResponsesBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # accepted: nothing to do for them here (store: false only; nothing is stored)
     store: bool | None = None
     service_tier: ShortText | None = None
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["disabled", "auto"] | None = None  # auto: refused, with the reason
     parallel_tool_calls: bool | None = None
     prompt_cache_key: ShortText | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
@@ -121,9 +123,39 @@ _body = msgspec.json.Decoder(ResponsesBody)
 def _asks_nothing(name: str, value: Any) -> bool:
     if value is None or value is False or value == [] or value == 0:
         return True
-    if name == "text":
-        return value == {"format": {"type": "text"}} or value == {}
     return name == "reasoning" and value == {}
+
+
+JSON_SCHEMA_KEYS: Final = ("name", "schema", "strict", "description")
+
+
+def response_format(text: Any) -> dict[str, Any] | None:
+    """``text`` as the chat completion's ``response_format`` (None: plain text). Structured
+    output (``json_schema``, as the SDK's ``responses.parse`` sends, or ``json_object``) is
+    the engine's guided decoding; a ``verbosity`` other than medium is refused."""
+    if text is None:
+        return None
+    if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
+        raise RequestError("text must be an object with format (and verbosity)", param="text")
+    if text.get("verbosity") not in (None, "medium"):
+        raise RequestError("text.verbosity is not supported by this router (the engines have "
+                           "no such control): leave it out or send medium",
+                           param="text.verbosity")  # fmt: skip
+    fmt = text.get("format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        assert isinstance(fmt, dict)
+        if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
+            raise RequestError("text.format json_schema needs a name and a schema",
+                               param="text.format")  # fmt: skip
+        schema = {k: fmt[k] for k in JSON_SCHEMA_KEYS if fmt.get(k) is not None}
+        return {"type": "json_schema", "json_schema": schema}
+    raise RequestError("text.format.type must be text, json_object or json_schema",
+                       param="text.format.type")  # fmt: skip
 
 
 def _texts(content: str | list[Part] | None, where: str) -> str | list[str]:
@@ -148,7 +180,7 @@ def _texts(content: str | list[Part] | None, where: str) -> str | list[str]:
 
 REFUSED: Final = (
     "previous_response_id", "conversation", "reasoning", "include", "background", "prompt",
-    "text", "top_logprobs", "max_tool_calls",
+    "top_logprobs", "max_tool_calls",
 )  # fmt: skip
 
 
@@ -192,6 +224,17 @@ def _tool_choice(value: Any, has_tools: bool) -> Any:
                        "given", param="tool_choice")  # fmt: skip
 
 
+def _joined(first: str | list[dict[str, Any]], second: str | list[dict[str, Any]]) -> Any:
+    """Two system turns' contents as one (strings with a blank line between; else parts)."""
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+
+    def parts(c: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": c}] if isinstance(c, str) else c
+
+    return parts(first) + parts(second)
+
+
 def _output_text(value: str | list[Part] | None, where: str) -> str:
     texts = _texts(value, where)
     return texts if isinstance(texts, str) else "".join(texts)
@@ -205,6 +248,9 @@ def _messages(body: ResponsesBody) -> list[dict[str, Any]]:
         if not _asks_nothing(name, getattr(body, name)):
             raise RequestError(f"{name} is not supported by this router (a stateless, text-only "
                                "Responses API)", param=name)  # fmt: skip
+    if body.truncation == "auto":
+        raise RequestError("truncation: auto is not supported by this router (it never drops "
+                           "input): send disabled", param="truncation")  # fmt: skip
     if body.store:
         raise RequestError("store: true is not supported by this router (it keeps no "
                            "responses): send store: false", param="store")  # fmt: skip
@@ -244,6 +290,11 @@ def _messages(body: ResponsesBody) -> list[dict[str, Any]]:
             raise RequestError(f"{at}.role must be one of {sorted(ROLES)}", param=f"{at}.role")
         texts = _texts(item.content, f"{at}.content")
         content = texts if isinstance(texts, str) else [{"type": "text", "text": x} for x in texts]
+        if role == "system" and out and all(m["role"] == "system" for m in out):
+            # instructions and leading system/developer items: one system message (chat
+            # templates refuse a system message after the first)
+            out[-1]["content"] = _joined(out[-1]["content"], content)
+            continue
         out.append({"role": role, "content": content})
     if not out:
         raise RequestError("input has no messages", param="input")
@@ -268,6 +319,9 @@ def decode_responses(raw: bytes) -> tuple[ResponsesBody, str, bytes, dict[str, A
         chat["parallel_tool_calls"] = body.parallel_tool_calls
     upstream: dict[str, Any] = {"model": body.model, **chat, "stream": True,
                                 "stream_options": {"include_usage": True}}  # fmt: skip
+    structured = response_format(body.text)
+    if structured is not None:
+        upstream["response_format"] = structured
     sent_as = (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                ("top_p", "top_p"), ("user", "user"), ("cache_salt", "cache_salt"))  # fmt: skip
     for name, sent in sent_as:

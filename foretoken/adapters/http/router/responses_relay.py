@@ -159,7 +159,7 @@ class ResponsesRelay:
             "model": b.model, "output": output,
             "parallel_tool_calls": b.parallel_tool_calls is not False,
             "previous_response_id": None, "reasoning": None, "store": False,
-            "temperature": b.temperature, "top_p": b.top_p, "text": {"format": {"type": "text"}},
+            "temperature": b.temperature, "top_p": b.top_p, "text": _text_echo(b.text),
             "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
             "tools": b.tools or [], "truncation": "disabled", "user": b.user,
             "metadata": b.metadata or {}, "usage": self.usage(m) if m is not None else None,
@@ -229,3 +229,10 @@ class ResponsesRelay:
         if self.finish_reason == "abort":
             return self.response_doc("failed", m, "the engine aborted the request")
         return self.response_doc(self.status, m)
+
+
+def _text_echo(text: Any) -> dict[str, Any]:
+    """The response's ``text``: the request's format (structured output), else plain text."""
+    if isinstance(text, dict) and isinstance(text.get("format"), dict):
+        return {"format": text["format"], "verbosity": text.get("verbosity") or "medium"}
+    return {"format": {"type": "text"}, "verbosity": "medium"}
