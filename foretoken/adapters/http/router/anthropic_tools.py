@@ -55,6 +55,8 @@ def tools(value: Any) -> list[dict[str, Any]] | None:
         function: dict[str, Any] = {"name": name, "parameters": dict(schema)}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
+        if isinstance(tool.get("strict"), bool):  # strict schema: the engine's to honour
+            function["strict"] = tool["strict"]
         out.append({"type": "function", "function": function})
     return out
 

@@ -143,7 +143,10 @@ def test_blocks_as_the_sdk_dumps_them_and_errors_of_tools_are_taken() -> None:
                  "is_error": True}]},
         ],
     }  # fmt: skip
-    sent = json.loads(decode_messages(msgspec.json.encode(body))[2])["messages"]
+    upstream = json.loads(decode_messages(msgspec.json.encode(
+        body | {"tools": [WEATHER | {"strict": True}]}))[2])  # fmt: skip
+    assert upstream["tools"][0]["function"]["strict"] is True
+    sent = upstream["messages"]
     parts = [{"type": "text", "text": t} for t in ("sys", "sys2")]
     assert sent[0] == {"role": "system", "content": parts}  # text parts, not "syssys2"
     assert sent[1]["content"] == [{"type": "text", "text": "Here is the doc."},
