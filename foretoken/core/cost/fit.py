@@ -41,16 +41,20 @@ FloatArray = npt.NDArray[np.float64]
 # The reference deployment (PRODUCT.md §1): 30·N + 37·N² s with N in millions of tokens.
 REFERENCE_A_S_PER_TOKEN: Final = 3.0e-5
 REFERENCE_B_S_PER_TOKEN2: Final = 3.7e-11
-# The conservative default curve, used until a worker has enough cold samples: the
-# component-wise envelope of the curves we know — the reference deployment and the
-# simulator fleets' slowest linear term (a = 1.2e-4) and steepest quadratic term
-# (b = 2.0e-9) — times DEFAULT_SAFETY. Over-predicting a fresh worker only steers traffic
-# toward workers with a known curve for its first few cold requests; under-predicting
-# admits work it cannot serve, the failure foretoken exists to prevent. A deployment that
-# knows its hardware sets its own (FitConfig.default_a, default_b).
-DEFAULT_SAFETY: Final = 1.25
-DEFAULT_A_S_PER_TOKEN: Final = 1.2e-4 * DEFAULT_SAFETY
-DEFAULT_B_S_PER_TOKEN2: Final = 2.0e-9 * DEFAULT_SAFETY
+# The default curve, used until a worker has enough cold samples (and the group prior
+# none). Its error on a worker's first requests is |default − truth|·N, and within 1 s
+# counts that error, so the default sits in the middle of the curves we know — the
+# linear terms of the reference deployment and the simulator fleets span 1.2e-5 to
+# 1.2e-4 s/token, the quadratic ones 2e-12 to 2e-9 — rather than at their envelope
+# (1.5e-4 and 2.5e-9 before 2026-12-06: 5-10x the typical truth, so every first request
+# of a cold fleet missed 1 s; on three quick matrices, 189 cells of which 126 on fleets
+# and seeds never tuned on, cells at least as good as the best baseline within 1 s went
+# from 147 to 183 and within 10 s from 185 to 187: docs/BENCHMARKS.md "A default in the
+# middle"). It still over-predicts the reference deployment; a deployment that knows its
+# hardware sets its own (FitConfig.default_a, default_b), and admission of cold
+# predictions can ask for the p90 (PredictorConfig.admission_quantile).
+DEFAULT_A_S_PER_TOKEN: Final = 6e-5
+DEFAULT_B_S_PER_TOKEN2: Final = 5e-10
 # The step costs' default: the overhead at the envelope of known engines (simulator fleets
 # ≤ 15 ms; vLLM on one GPU 5-15 ms), the per-sequence cost in the middle of their range
 # (0.05-0.3 ms, plus a context-length term a fit absorbs), not at its top. On short or

@@ -170,19 +170,23 @@ def test_default_until_enough_samples_with_enough_spread() -> None:
     assert narrow.curve.to_fit_used().default is False
 
 
-def test_default_curve_over_predicts_every_shipped_curve_and_the_step_sits_inside() -> None:
-    """The prefill default is the envelope (conservative); the step overhead too, but the
-    per-sequence decode cost sits inside the shipped engines' range, not at its top (a
-    default several times too slow makes every replayed step with many decoders too slow
-    before the first completion: docs/BENCHMARKS.md, 2026-12-02)."""
+def test_default_curve_sits_inside_the_shipped_curves_and_so_does_the_step() -> None:
+    """The prefill default sits in the middle of the shipped curves: its worst error over
+    them (what a cold worker's first requests miss by) is well below the envelope's, and it
+    still over-predicts the reference deployment (docs/BENCHMARKS.md "A default in the
+    middle"); the step overhead is their envelope, and the per-sequence decode cost sits
+    inside their range, not at its top (a default several times too slow makes every
+    replayed step with many decoders too slow before the first completion: 2026-12-02)."""
     default = OnlinePrefillFit().curve
     step = StepCostFit().cost
     truths = [spec.truth for name in shipped_fleets() for spec in load_fleet(name).engines]
     assert truths
-    for n in (1, 512, 8_192, 32_768, 131_072, 300_000, 1_000_000):
+    for n in (512, 8_192, 32_768, 131_072):
         assert default.cost_s(n) > true_cost(REFERENCE, n)
-        for truth in truths:
-            assert default.cost_s(n) >= truth.prefill_s(n)
+        costs = [truth.prefill_s(n) for truth in truths]
+        assert min(costs) < default.cost_s(n) < max(costs)
+        worst = max(abs(default.cost_s(n) - c) for c in costs)
+        assert worst < 0.75 * (max(costs) - min(costs))  # the envelope's worst is the span
     for truth in truths:
         assert step.overhead_s >= truth.step_overhead_s
     per_seq = sorted(truth.decode_s_per_seq for truth in truths)

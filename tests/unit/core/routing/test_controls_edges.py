@@ -151,8 +151,8 @@ def test_one_workers_stuck_accounting_never_turns_away_what_healthy_workers_can_
     c = LatencyControls(_settings(classes={"default": klass}, min_samples=4, breach_s=1.0,
                                   pending_horizon_min_s=600.0))  # fmt: skip
     service = _service(c)
-    query = RouteQuery(request_id=RequestId("q"), model="m", tokens=tuple(range(2048)),
-                       prompt_tokens=2048, max_queue_wait_s=60.0)  # fmt: skip
+    query = RouteQuery(request_id=RequestId("q"), model="m", tokens=tuple(range(4096)),
+                       prompt_tokens=4096, max_queue_wait_s=60.0)  # fmt: skip
     candidates = service.predict("m", query.tokens, 0.0, query.prompt_tokens)
     first = service.decider.choose(query, candidates).prediction.worker_id
     fastest = min(c.prediction.predicted_ttft_s for c in candidates)

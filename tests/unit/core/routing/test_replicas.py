@@ -65,7 +65,7 @@ def test_shares_never_trade_a_clearly_better_worker() -> None:
 def test_an_owned_near_tie_that_would_be_rejected_is_not_taken() -> None:
     _a, b = _replicas(shares=True, replica_tie_margin_s=1e9)  # every candidate is "near"
     for n, wid in enumerate(("w1", "w3")):  # b's own workers: a long prefill queued there
-        b.book.enqueue(wid, f"heavy{n}", 0.0, 200_000, 0, 128)  # type: ignore[arg-type]
+        b.book.enqueue(wid, f"heavy{n}", 0.0, 600_000, 0, 128)  # type: ignore[arg-type]
     g = _decide(b, "bounded", max_queue_wait_s=5.0)
     assert g.admitted and g.worker_id in ("w0", "w2"), g
     assert g.predicted_ttft_s is not None and g.predicted_ttft_s <= 5.0
