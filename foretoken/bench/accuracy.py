@@ -103,7 +103,7 @@ def _raw_workload(name: str, n: int | None, fleet: FleetSpec, seed: int) -> list
     if name in TRACE_LOADERS:
         return TRACE_LOADERS[name](limit=n)
     path = Path(name)
-    if path.suffix == ".jsonl":
+    if path.suffix in (".jsonl", ".json"):
         return load_mooncake(path, limit=n)
     if path.suffix == ".csv":
         return load_azure(path, limit=n)

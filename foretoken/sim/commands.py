@@ -31,7 +31,7 @@ def load_trace(trace: str, limit: int | None, speedup: float = 1.0) -> list[Trac
     if trace in TRACE_LOADERS:
         return TRACE_LOADERS[trace](limit=limit, speedup=speedup)
     path = Path(trace)
-    if path.suffix == ".jsonl":
+    if path.suffix in (".jsonl", ".json"):
         return load_mooncake(path, limit=limit, speedup=speedup)
     if path.suffix == ".csv":
         return load_azure(path, limit=limit, speedup=speedup)

@@ -20,12 +20,14 @@ id after the leading blocks that all loaded requests share (in the shipped file
 ``hash_ids[1]``; a request with nothing beyond the shared blocks uses its last block).
 Pass ``system_prefix_blocks`` to fix the number of shared leading blocks instead.
 
-**Azure** (``load_azure``): arrivals and sizes come from the trace; which tokens are
-shared is synthesized by :class:`SharingModel` (documented there).
+**Azure** (``load_azure``, any CSV trace: :mod:`foretoken.sim.trace_csv`): arrivals and
+sizes come from the trace; which tokens are shared is synthesized by :class:`SharingModel`
+(documented there).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -35,19 +37,21 @@ from typing import Annotated
 
 import msgspec
 import numpy as np
-import polars as pl
 
 from foretoken.core.types import ConversationId, RequestId
+from foretoken.sim.trace_csv import TraceFormatError, read_csv_trace
+
+log = logging.getLogger(__name__)
 
 TRACES_DIR_ENV = "FORETOKEN_TRACES_DIR"
 MOONCAKE_FILE = "mooncake_conversation_trace.jsonl"
 AZURE_CODE_FILE = "azure_llm_inference_2023_code.csv"
 AZURE_CONV_FILE = "azure_llm_inference_2023_conv.csv"
 MOONCAKE_BLOCK_TOKENS = 512
+# Other block sizes a Mooncake-format trace may be written with (hash ids per N tokens).
+BLOCK_SIZES = tuple(1 << k for k in range(4, 13))
 DEFAULT_VOCAB_SIZE = 32000
 MS_PER_S = 1000.0
-NS_PER_S = 1e9
-AZURE_TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S%.f"
 # Segment keys carry their origin in the high bits so that sources never collide.
 _KEY_DOMAIN_SHIFT = 40
 _DOMAIN_MOONCAKE = 1
@@ -68,10 +72,6 @@ DEFAULT_MAX_OPEN_SESSIONS = 1024
 # BoundMix weights must sum to one within this tolerance.
 WEIGHT_SUM_TOLERANCE = 1e-6
 NO_BOUND_LABEL = "none"
-
-
-class TraceFormatError(ValueError):
-    """A trace file that cannot be read, with the file and line in the message."""
 
 
 # The traces shipped in the repository (data/traces, with their licenses and a README).
@@ -193,23 +193,44 @@ class _MooncakeRow(msgspec.Struct):
     input_length: int
     output_length: int
     # a block's id: below the bits a segment key keeps for its domain (a bigger one would
-    # alias another trace's block, a negative one was an OverflowError traceback)
-    hash_ids: list[_HASH_ID]
+    # alias another trace's block, a negative one was an OverflowError traceback); none:
+    # the prompt shares nothing
+    hash_ids: list[_HASH_ID] | None = None
 
 
-def _common_prefix_len(rows: Sequence[_MooncakeRow]) -> int:
+def _common_prefix_len(rows: Sequence[list[int]]) -> int:
     if not rows:
         return 0
-    prefix = rows[0].hash_ids
+    prefix = rows[0]
     n = len(prefix)
-    for row in rows[1:]:
-        ids = row.hash_ids
+    for ids in rows[1:]:
         n = min(n, len(ids))
         while n and ids[:n] != prefix[:n]:
             n -= 1
         if n == 0:
             break
     return n
+
+
+def _fits(row: _MooncakeRow, block: int) -> bool:
+    return row.hash_ids is None or len(row.hash_ids) == math.ceil(row.input_length / block)
+
+
+def _block_tokens(rows: Sequence[_MooncakeRow], lines: Sequence[int], source: Path) -> int:
+    """The tokens per hash id: Mooncake's 512, else the one power of two every row agrees
+    on (traces written with another block size: 16 to 4096), else the first row that does
+    not fit 512 is a format error."""
+    if all(_fits(r, MOONCAKE_BLOCK_TOKENS) for r in rows):
+        return MOONCAKE_BLOCK_TOKENS
+    for block in BLOCK_SIZES:
+        if all(_fits(r, block) for r in rows):
+            log.warning("%s: hash ids of %d tokens (not Mooncake's 512)", source, block)
+            return block
+    i = next(i for i, r in enumerate(rows) if not _fits(r, MOONCAKE_BLOCK_TOKENS))
+    n = len(rows[i].hash_ids or ())
+    raise TraceFormatError(f"{source}:{lines[i]}: {n} hash ids for {rows[i].input_length} "
+                           f"tokens (block size {MOONCAKE_BLOCK_TOKENS}, nor any other one "
+                           "that fits every row)")  # fmt: skip
 
 
 def load_mooncake(
@@ -221,11 +242,13 @@ def load_mooncake(
     seed: int = 0,
     system_prefix_blocks: int | None = None,
 ) -> list[TraceRequest]:
-    """Read a Mooncake trace (JSON lines). ``limit`` keeps the first N lines."""
+    """Read a Mooncake trace (JSON lines). ``limit`` keeps the first N lines. Rows without
+    ``hash_ids`` share nothing; a trace written with another block size is read with it."""
     _check_speedup(speedup)
     source = Path(path) if path is not None else default_trace_path(MOONCAKE_FILE)
     decoder = msgspec.json.Decoder(_MooncakeRow)
     rows: list[_MooncakeRow] = []
+    lines: list[int] = []
     try:
         fh = source.open("rb")
     except OSError as exc:
@@ -242,29 +265,35 @@ def load_mooncake(
                 raise TraceFormatError(f"{source}:{line_no}: {exc}") from exc
             if row.input_length < 1 or row.output_length < 1:
                 raise TraceFormatError(f"{source}:{line_no}: lengths must be >= 1")
-            if len(row.hash_ids) != math.ceil(row.input_length / MOONCAKE_BLOCK_TOKENS):
-                raise TraceFormatError(
-                    f"{source}:{line_no}: {len(row.hash_ids)} hash ids for "
-                    f"{row.input_length} tokens (block size {MOONCAKE_BLOCK_TOKENS})"
-                )
+            if row.hash_ids == []:
+                raise TraceFormatError(f"{source}:{line_no}: hash_ids is empty")
             rows.append(row)
-    rows.sort(key=lambda r: r.timestamp)
-    shared = _common_prefix_len(rows) if system_prefix_blocks is None else system_prefix_blocks
+            lines.append(line_no)
+    block = _block_tokens(rows, lines, source)
+    order = sorted(range(len(rows)), key=lambda i: rows[i].timestamp)
+    rows = [rows[i] for i in order]
+    with_ids = [r.hash_ids for r in rows if r.hash_ids is not None]
+    shared = _common_prefix_len(with_ids) if system_prefix_blocks is None else system_prefix_blocks
     out: list[TraceRequest] = []
     for index, row in enumerate(rows):
-        ids = row.hash_ids
-        lengths = [MOONCAKE_BLOCK_TOKENS] * len(ids)
-        lengths[-1] = row.input_length - MOONCAKE_BLOCK_TOKENS * (len(ids) - 1)
-        conversation_block = ids[min(shared, len(ids) - 1)]
+        keys: tuple[int, ...] = (_segment_key(_DOMAIN_UNIQUE, index),)
+        if row.hash_ids is None:  # nothing shared: one segment of its own
+            lengths, conversation = [row.input_length], f"mc-u{index}"
+        else:
+            ids = row.hash_ids
+            keys = tuple(_segment_key(_DOMAIN_MOONCAKE, h) for h in ids)
+            lengths = [block] * len(ids)
+            lengths[-1] = row.input_length - block * (len(ids) - 1)
+            conversation = f"mc-{ids[min(shared, len(ids) - 1)]}"
         out.append(
             TraceRequest(
                 request_id=RequestId(f"mc-{index:06d}"),
                 arrival_s=row.timestamp / MS_PER_S / speedup,
                 prompt_tokens=row.input_length,
                 output_tokens=row.output_length,
-                segment_keys=tuple(_segment_key(_DOMAIN_MOONCAKE, h) for h in ids),
+                segment_keys=keys,
                 segment_lengths=tuple(lengths),
-                conversation_id=ConversationId(f"mc-{conversation_block}"),
+                conversation_id=ConversationId(conversation),
                 token_seed=seed,
                 vocab_size=vocab_size,
             )
@@ -420,34 +449,21 @@ def load_azure(
     sharing: SharingModel | None = None,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
 ) -> list[TraceRequest]:
-    """Read an Azure LLM inference trace (CSV); sharing from ``sharing`` (default model)."""
+    """Read a CSV trace — Azure's, BurstGPT's or any with an arrival time and prompt and
+    output lengths (:mod:`foretoken.sim.trace_csv`); sharing from ``sharing`` (default
+    model). Rows without a first token (0 output tokens) are left out."""
     _check_speedup(speedup)
     source = Path(path) if path is not None else default_trace_path(AZURE_CONV_FILE)
-    try:
-        frame = pl.read_csv(source, n_rows=limit)
-        frame = frame.select(
-            pl.col("TIMESTAMP").str.to_datetime(AZURE_TIMESTAMP_FORMAT, time_unit="ns"),
-            pl.col("ContextTokens").cast(pl.Int64),
-            pl.col("GeneratedTokens").cast(pl.Int64),
-        )
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise TraceFormatError(f"{source}: {exc}") from exc
-    if frame.height == 0:
+    trace = read_csv_trace(source, limit)
+    if trace.dropped:
+        log.warning("%s: %d rows with no prompt or no output tokens left out", source,
+                    trace.dropped)  # fmt: skip
+    if not trace.prompts.size:
         return []
-    for column in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"):
-        missing = frame[column].is_null()
-        if missing.any():  # an empty cell (was: "cannot convert float NaN to integer")
-            line = int(missing.arg_true()[0]) + 2  # the header is line 1
-            raise TraceFormatError(f"{source}:{line}: an empty {column} cell")
-    frame = frame.sort("TIMESTAMP", maintain_order=True)
-    if frame.select((pl.min("ContextTokens") < 1) | (pl.min("GeneratedTokens") < 1)).item():
-        raise TraceFormatError(f"{source}: token counts must be >= 1")
-    stamps_ns = frame["TIMESTAMP"].dt.epoch("ns").to_numpy()
-    arrivals_s = (stamps_ns - stamps_ns[0]) / NS_PER_S
     return _apply_sharing(
-        arrivals_s,
-        frame["ContextTokens"].to_numpy(),
-        frame["GeneratedTokens"].to_numpy(),
+        trace.arrivals_s,
+        trace.prompts,
+        trace.outputs,
         sharing if sharing is not None else SharingModel(),
         prefix="az-",
         speedup=speedup,

@@ -130,7 +130,8 @@ def test_mooncake_conversation_skips_the_block_every_request_shares(mooncake_fil
     [
         {"timestamp": 0, "input_length": 2 * B + 1, "output_length": 1, "hash_ids": [0, 1]},
         {"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []},
-        {"timestamp": 0, "input_length": 10, "output_length": 1},
+        {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": []},
+        {"timestamp": -1, "input_length": 10, "output_length": 1},
     ],
 )
 def test_mooncake_rejects_malformed_rows(tmp_path: Path, row: dict[str, object]) -> None:
@@ -390,4 +391,57 @@ def test_an_empty_azure_cell_is_a_format_error_naming_the_line(tmp_path: Path) -
                     "2023-11-16 18:15:46.6805900,374,44\n"
                     "2023-11-16 18:15:50.9951690,,19\n")  # fmt: skip
     with pytest.raises(TraceFormatError, match=r"az\.csv:3: an empty ContextTokens cell"):
+        load_azure(path)
+
+
+def test_mooncake_rows_without_hash_ids_share_nothing(tmp_path: Path) -> None:
+    rows = [{"timestamp": 0, "input_length": 700, "output_length": 3},
+            {"timestamp": 5, "input_length": 700, "output_length": 3}]  # fmt: skip
+    a, b = load_mooncake(write_jsonl(tmp_path / "plain.jsonl", rows))
+    assert a.prompt_tokens == b.prompt_tokens == 700 and a.arrival_s == 0.0
+    assert len(a.token_ids) == 700 and not np.array_equal(a.token_ids[:16], b.token_ids[:16])
+    assert a.conversation_id != b.conversation_id
+
+
+def test_a_mooncake_format_trace_of_another_block_size_is_read_with_it(tmp_path: Path) -> None:
+    """Traces written in Mooncake's format with 16-token hash ids (a generator's choice):
+    the block size every row agrees on is used, so shared ids still share tokens."""
+    rows = [{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1, 2, 3]},
+            {"timestamp": 9, "input_length": 33, "output_length": 2, "hash_ids": [1, 2, 4]}]  # fmt: skip
+    a, b = load_mooncake(write_jsonl(tmp_path / "b16.jsonl", rows))
+    assert a.segment_lengths == (16, 16, 8) and b.segment_lengths == (16, 16, 1)
+    assert shares_prefix(a.token_ids, b.token_ids, 32)
+    assert not shares_prefix(a.token_ids, b.token_ids, 33)
+
+
+BURSTGPT_CSV = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+5.0,ChatGPT,472,18,490,Conversation log
+3.5,GPT-4,1020,0,1020,Conversation log
+7.25,ChatGPT,300,40,340,API log
+"""
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (BURSTGPT_CSV, [(0.0, 472, 18), (2.25, 300, 40)]),  # a failed request (0 out) left out
+    ("timestamp,input_length,output_length\n1000,10,2\n1500,20,3\n",
+     [(0.0, 10, 2), (500.0, 20, 3)]),
+    ("arrival_time_ms,prompt_tokens,completion_tokens\n1000,10,2\n1500,20,3\n",
+     [(0.0, 10, 2), (0.5, 20, 3)]),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n"  # ISO-8601 with a zone (not Azure 2023's)
+     "2024-05-10T00:00:01.500+00:00,10,2\n2024-05-10T00:00:00+00:00,20,3\n",
+     [(0.0, 20, 3), (1.5, 10, 2)]),
+])  # fmt: skip
+def test_other_csv_traces_are_read_by_their_columns(
+    tmp_path: Path, text: str, expected: list[tuple[float, int, int]]
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    got = load_azure(path, sharing=SharingModel.none())
+    assert [(round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens) for r in got] == expected
+
+
+def test_a_csv_time_that_is_not_a_time_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,1,1\nsoon,1,1\n")
+    with pytest.raises(TraceFormatError, match=r"t\.csv:3"):
         load_azure(path)
