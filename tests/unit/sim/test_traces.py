@@ -407,7 +407,8 @@ def test_a_mooncake_format_trace_of_another_block_size_is_read_with_it(tmp_path:
     """Traces written in Mooncake's format with 16-token hash ids (a generator's choice):
     the block size every row agrees on is used, so shared ids still share tokens."""
     rows = [{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1, 2, 3]},
-            {"timestamp": 9, "input_length": 33, "output_length": 2, "hash_ids": [1, 2, 4]}]  # fmt: skip
+            {"timestamp": 9, "input_length": 33, "output_length": 2,
+             "hash_ids": [1, 2, 4]}]  # fmt: skip
     a, b = load_mooncake(write_jsonl(tmp_path / "b16.jsonl", rows))
     assert a.segment_lengths == (16, 16, 8) and b.segment_lengths == (16, 16, 1)
     assert shares_prefix(a.token_ids, b.token_ids, 32)
