@@ -196,8 +196,13 @@ def test_overload_with_tight_bounds(stack: Stack) -> None:
         answered[response.request.headers["x-request-id"]] = time.monotonic()
 
     hooks = {"request": [on_request], "response": [on_response]}
+    # As many keep-alive connections as threads: with fewer, httpcore's pool may close a
+    # connection it has already handed to another thread (EBADF on its read; encode/httpcore
+    # #1110), which failed this test once under a loaded CI run.
+    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
     client = openai.OpenAI(base_url=stack.router_url + "/v1", api_key="k", max_retries=0,
-                           http_client=httpx.Client(event_hooks=hooks, timeout=120.0))  # fmt: skip
+                           http_client=httpx.Client(event_hooks=hooks, timeout=120.0,
+                                                    limits=limits))  # fmt: skip
     # ~13 s of prefill ahead on each 12k-capable worker (on cold fits some are refused as
     # overload: the queue is deep enough then)
     ahead = _place_ahead(stack, 60, 12_000, 900)
