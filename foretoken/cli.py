@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from foretoken.cli_args import existing_dir, fail, port, positive, usable_output
+from foretoken.cli_args import port as check_port
 from foretoken.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -122,8 +123,7 @@ def worker(
     settings = _settings(config)
     if role is not None:
         if role not in ("primary", "route"):
-            console.print(f"[red]error:[/red] --role must be primary or route, not {role!r}")
-            raise typer.Exit(2)
+            raise fail(f"--role must be primary or route, not {role!r}")
         worker_settings = msgspec.structs.replace(settings.worker, role=role)
         settings = msgspec.structs.replace(settings, worker=worker_settings)
     sys.argv = [sys.argv[0]]  # Faust's worker reads argv; ours is already parsed
@@ -192,8 +192,7 @@ def fleet_run(
                               settings=settings if register else None,
                               advertise_host=advertise_host))  # fmt: skip
     except OSError as exc:  # a port another process holds
-        console.print(f"[red]error:[/red] the fleet cannot start: {exc}")
-        raise typer.Exit(1) from exc
+        raise fail(f"the fleet cannot start: {exc}", 1) from exc
 
 
 @app.command()
@@ -214,7 +213,10 @@ def router(
         listed = load_engines(engines or settings.state_path / "engines.toml")
     except EnginesConfigError as exc:
         raise fail(str(exc)) from exc
-    run_router(settings, listed, host or settings.router.host, port or settings.router.port)
+    if port is not None:
+        check_port("--port", port)
+    run_router(settings, listed, settings.router.host if host is None else host,
+               settings.router.port if port is None else port)  # fmt: skip
 
 
 def _bench(names: list[str], quick: bool, full: bool = True) -> None:
@@ -316,8 +318,7 @@ def load(
 
     positive(("--speedup", speedup), ("--limit", limit))
     if not url.startswith(("http://", "https://")):
-        console.print(f"[red]error:[/red] --url must start with http:// or https://, got {url!r}")
-        raise typer.Exit(2)
+        raise fail(f"--url must start with http:// or https://, got {url!r}")
     usable_output(out, "--out")
     try:
         summary = load_command(
@@ -570,8 +571,7 @@ def demo(
 
         raise typer.Exit(run_llama_demo(_settings(config), keep=keep))
     if engines != "sim":
-        console.print(f"[red]error:[/red] --engines must be sim or llama, not {engines!r}")
-        raise typer.Exit(2)
+        raise fail(f"--engines must be sim or llama, not {engines!r}")
     from foretoken.ops.demo import run_demo
 
     raise typer.Exit(run_demo(_settings(config), keep=keep, dashboard=dashboard, quick=quick))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 _console = Console(stderr=True)
 
@@ -30,7 +31,7 @@ def usable_output(path: str | None, option: str, *, directory: bool = False) -> 
         ok = not target.is_dir() and parent.is_dir() and os.access(parent, os.W_OK)
     if not ok:
         kind = "a directory" if directory else "a file"
-        _console.print(f"[red]error:[/red] {option} {path}: cannot write {kind} there")
+        _say(f"{option} {path}: cannot write {kind} there")
         raise typer.Exit(2)
 
 
@@ -38,7 +39,7 @@ def positive(*options: tuple[str, float | None]) -> None:
     """Exit 2 with one line unless every (option, value) given is > 0."""
     for option, value in options:
         if value is not None and not value > 0:
-            _console.print(f"[red]error:[/red] {option} must be > 0, got {value}")
+            _say(f"{option} must be > 0, got {value}")
             raise typer.Exit(2)
 
 
@@ -46,17 +47,22 @@ def existing_dir(path: str, option: str) -> None:
     """Exit 2 with one line unless ``path`` is a directory (a typo used to print an empty
     report with exit 0, as if the lake held no request)."""
     if not Path(path).expanduser().is_dir():
-        _console.print(f"[red]error:[/red] {option} {path}: no such directory")
+        _say(f"{option} {path}: no such directory")
         raise typer.Exit(2)
 
 
 def port(option: str, value: int) -> None:
     if not 1 <= value <= 65535:
-        _console.print(f"[red]error:[/red] {option} must be within 1..65535, got {value}")
+        _say(f"{option} must be within 1..65535, got {value}")
         raise typer.Exit(2)
+
+
+def _say(text: str) -> None:
+    """One error line; ``text`` as it is (a path may hold rich's markup brackets)."""
+    _console.print("[red]error:[/red] " + escape(text))
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Say ``message`` as the command's one-line error; the exit to raise."""
-    _console.print(f"[red]error:[/red] {message}")
+    _say(message)
     return typer.Exit(code)

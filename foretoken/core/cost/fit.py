@@ -124,6 +124,10 @@ class FitConfig:
     # A worker still on a default curve or step cost predicts with the median of its fitted
     # peers' (same configuration, else same engine and version, else same model).
     pooled_priors: bool = True
+    # A worker with samples but no fit yet predicts with its prior (pooled, else default)
+    # scaled to them (OnlinePrefillFit.scaled), within 1/prior_scale_max..prior_scale_max.
+    scale_prior_to_samples: bool = True
+    prior_scale_max: float = 16.0
     # A busy-chain fit (``a`` alone, ``b`` fixed) answers from this many samples. One: a
     # measured prompt, even a noisy chain, is nearer the truth than the default envelope
     # (3-8x the simulator fleets' ``a``), and a burst can arrive before a third sample does
@@ -523,6 +527,26 @@ class OnlinePrefillFit(_OnlineFit[PrefillCurve]):
     @property
     def curve(self) -> PrefillCurve:
         return self.value
+
+    def scaled(self, a: float, b: float) -> tuple[float, float] | None:
+        """A prior curve ``(a, b)`` (a peer group's or the default) scaled to this fit's own
+        samples, for the time before it has a fit: times the median ratio of each sample's
+        seconds (its steps' overheads off, as in the fit) to the prior's, clamped to
+        ``[1/prior_scale_max, prior_scale_max]``. None without samples."""
+        n = self.samples
+        if n == 0:
+            return None
+        x0, x1 = self._columns(self._x[:n], self._c[:n])
+        predicted = a * x0 + b * x1
+        if not float(predicted.min()) > 0:
+            return None
+        y = self._y[:n]
+        if self._off_s > 0:
+            bare = y - self._cold_steps[:n] * self._off_s
+            y = np.where(bare > COLD_OVERHEAD_FLOOR * y, bare, y)
+        top = self.config.prior_scale_max
+        k = min(max(float(np.median(y / predicted)), 1.0 / top), top)
+        return a * k, b * k
 
     def _spread_ok(self, lowest: float, highest: float) -> bool:
         return highest >= self.config.min_spread * lowest

@@ -89,6 +89,14 @@ class WorkerFits:
                 return value
         return cold
 
+    def scaled_prior(self, a: float, b: float) -> tuple[float, float] | None:
+        """A prior curve scaled to this configuration's own prefill samples — its cold
+        ones, else its busy-chain ones (:meth:`OnlinePrefillFit.scaled`); None without."""
+        for fit in (self.prefill, self.busy):
+            if isinstance(fit, OnlinePrefillFit) and fit.samples:
+                return fit.scaled(a, b)
+        return None
+
     @property
     def source(self) -> str:
         """Which samples the current curve comes from: cold, busy, progress or default."""
@@ -323,10 +331,15 @@ class FitRegistry:
         fits = self.fits(worker_id)
         curve = self._default_curve if fits is None else fits.curve_with(step)
         curve_pool: object = _OWN
-        if curve.default and pooling:
-            curve_pool = pooled = self._pooled_curve(worker_id)
-            if pooled is not None:
-                curve = replace(curve, a=pooled[0], b=pooled[1])
+        if curve.default:
+            prior: tuple[float, float] | None = None
+            if pooling:
+                curve_pool = prior = self._pooled_curve(worker_id)
+            if fits is not None and self.config.scale_prior_to_samples:
+                scaled = fits.scaled_prior(*(prior or (curve.a, curve.b)))
+                prior = scaled or prior
+            if prior is not None:
+                curve = replace(curve, a=prior[0], b=prior[1])
         changes = self._changes.get(worker_id, 0)
         return _Answer(changes, curve, step, step_pool, self._step_generation, curve_pool,
                        self._generation)  # fmt: skip

@@ -124,6 +124,9 @@ class PredictorConfig:
     # last wait_scale_window first tokens of requests decided here with a raw wait of at
     # least wait_scale_min_wait_s, shrunk toward 1 by wait_scale_prior pseudo-samples.
     wait_scale: bool = True
+    # A worker still on a prior curve (no fit of its own) whose requests wait past their
+    # predictions is priced slower by as much (foretoken.core.cost.overdue).
+    overdue_scale: bool = True
     wait_scale_window: int = 32
     wait_scale_prior: float = 16.0
     wait_scale_min_wait_s: float = 0.3

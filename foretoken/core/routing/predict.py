@@ -6,11 +6,13 @@ scheduler with the settings the worker reported)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import msgspec
 import numpy as np
 
 from foretoken.core.cost.fit import PrefillCurve, StepCost
+from foretoken.core.cost.overdue import Overdue
 from foretoken.core.cost.registry import FitRegistry
 from foretoken.core.cost.tier_costs import TierCosts
 from foretoken.core.cost.wait_scale import WaitScale, WaitScaleConfig
@@ -152,6 +154,8 @@ class Predictions:
                 min_wait_s=config.wait_scale_min_wait_s, max_scale=config.wait_scale_max,
                 memory=config.decision_memory,
             ))  # fmt: skip
+        # a cold worker's requests still waiting past their prediction (cost.overdue)
+        self.overdue: Overdue | None = Overdue() if config.overdue_scale else None
         # prompts sent and still held by their worker's engine (a credit the index lacks)
         self.sent = SentPrefixes(native=index.backend == "native")
         # workers that stopped answering (the router said so): out of the candidates a while
@@ -292,6 +296,10 @@ class Predictions:
                 lower = used[0] if len(used) == 1 else None
             deepest = deepest_tier(hit)
         curve, step = self.fits.answer(wid)
+        if curve.default and self.overdue is not None:
+            slower = self.overdue.factor(wid, now_s)
+            if slower > 1.0:  # already slower than its prior says: price it so
+                curve = replace(curve, a=curve.a * slower, b=curve.b * slower)
         queue, cost = self.book.queues[wid], self._cost(wid, curve, step)
         pinned = min(pinned_held, cached) if self.config.kv_charge_unheld_cache else -1
         result = queue.predict(NewRequest(n, cached, out, pinned), now_s, cost)

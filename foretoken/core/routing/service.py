@@ -105,6 +105,8 @@ class RouteService:
                 self.predictions.wait_scale.forget_worker(profile.worker_id)
             self.predictions.tier_costs.forget_worker(profile.worker_id)
             self.predictions.sent.forget_worker(profile.worker_id)
+            if self.predictions.overdue is not None:
+                self.predictions.overdue.forget_worker(profile.worker_id)
         known = self.book.profiles.get(profile.worker_id)
         if profile.removed or (known is not None and known.config_hash != profile.config_hash):
             self.learner.forget_worker(profile.worker_id)
@@ -178,6 +180,8 @@ class RouteService:
             or sent.worker_of(outcome.request_id) not in (None, outcome.worker_id)
         ):
             sent.release(outcome.request_id)  # done (its blocks are the index's), or elsewhere
+        if self.predictions.overdue is not None:
+            self.predictions.overdue.done(outcome.request_id)  # no longer waiting
         if outcome.status != "ok" or outcome.kind == "completion":
             self.quantiles.drop(outcome.request_id)  # no residual will come (or it came)
             if scale is not None:
@@ -332,6 +336,9 @@ class RouteService:
             default = result.fit.default if result.fit is not None else None
             self.quantiles.sent(query.request_id, wid, result.predicted_ttft_s,
                                 result.queue_wait_s, default, now_s)  # fmt: skip
+            overdue = self.predictions.overdue
+            if default and overdue is not None:
+                overdue.sent(query.request_id, wid, now_s, result.predicted_ttft_s)
 
     def note_prediction(self, rid: RequestId, wid: WorkerId, predicted_ttft_s: float,
                         queue_wait_s: float | None) -> None:  # fmt: skip

@@ -91,7 +91,10 @@ def test_a_route_service_puts_the_later_share_into_the_prefill(window_s: float) 
     from foretoken.wire.records import WorkerEndpoints, WorkerRegistration
     from foretoken.wire.route_rpc import RouteRequest
 
-    config = PredictorConfig(explore_fraction=0.0, later_sharing_window_s=window_s)
+    # no first token ever comes here: the overdue scale (cost.overdue) would price the cold
+    # worker slower; this test is about the sharing term alone
+    config = PredictorConfig(explore_fraction=0.0, later_sharing_window_s=window_s,
+                             overdue_scale=False)  # fmt: skip
     service = RouteService(PrefixIndex(), config=config)
     reg = WorkerRegistration(
         worker_id="w0", model="m", engine="vllm", engine_version="x", block_size=16,
