@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from foretoken.cli_args import existing_dir, fail, port, positive, usable_output
+from foretoken.cli_args import existing_dir, fail, lake_call, port, positive, usable_output
 from foretoken.cli_args import port as check_port
 from foretoken.settings import Settings, SettingsError, load_settings
 
@@ -208,13 +208,13 @@ def router(
     from foretoken.adapters.engines.engines_file import EnginesConfigError, load_engines
     from foretoken.adapters.http.router.app import run_router
 
+    if port is not None:
+        check_port("--port", port)
     settings = _settings(config)
     try:
         listed = load_engines(engines or settings.state_path / "engines.toml")
     except EnginesConfigError as exc:
         raise fail(str(exc)) from exc
-    if port is not None:
-        check_port("--port", port)
     run_router(settings, listed, settings.router.host if host is None else host,
                settings.router.port if port is None else port)  # fmt: skip
 
@@ -511,7 +511,7 @@ def report(
     from foretoken.adapters.lake.report import report as build
 
     existing_dir(lake, "--lake")
-    summary = build(lake)
+    summary = lake_call(lake, build, lake)
     if as_json:
         print(json.dumps(summary, indent=1, default=str))
     else:
@@ -531,7 +531,7 @@ def sql(
 
     where = lake or str(_settings(config).state_path / "demo" / "lake")
     existing_dir(where, "--lake")
-    raise typer.Exit(sql_shell(where, query))
+    raise typer.Exit(lake_call(where, sql_shell, where, query))
 
 
 @app.command()

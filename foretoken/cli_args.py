@@ -5,11 +5,15 @@ silently replaced ran something else than asked."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+T = TypeVar("T")
 
 _console = Console(stderr=True)
 
@@ -66,3 +70,14 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Say ``message`` as the command's one-line error; the exit to raise."""
     _say(message)
     return typer.Exit(code)
+
+
+def lake_call(lake: str, call: Callable[..., T], *args: object) -> T:
+    """``call(*args)`` on a lake; a file in it DuckDB cannot read (corrupt, foreign
+    columns) or a path it cannot take is one error line naming the lake, not a traceback."""
+    import duckdb
+
+    try:
+        return call(*args)
+    except (duckdb.Error, ValueError) as exc:
+        raise fail(f"--lake {lake}: {exc}".split("\n")[0][:500]) from exc

@@ -103,9 +103,9 @@ def _raw_workload(name: str, n: int | None, fleet: FleetSpec, seed: int) -> list
     if name in TRACE_LOADERS:
         return TRACE_LOADERS[name](limit=n)
     path = Path(name)
-    if path.suffix in (".jsonl", ".json"):
+    if path.suffix.lower() in (".jsonl", ".json"):
         return load_mooncake(path, limit=n)
-    if path.suffix == ".csv":
+    if path.suffix.lower() == ".csv":
         return load_azure(path, limit=n)
     known = ", ".join([*TRACE_LOADERS, *WORKLOADS])
     raise ValueError(f"unknown trace {name!r}: one of {known}, or a .jsonl / .csv file")

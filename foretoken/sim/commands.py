@@ -22,20 +22,35 @@ from foretoken.sim.replay import (
     write_lake,
 )
 from foretoken.sim.spec import load_fleet
-from foretoken.sim.traces import BoundMix, TraceRequest, load_azure, load_mooncake
+from foretoken.sim.traces import (
+    BoundMix,
+    TraceFormatError,
+    TraceRequest,
+    load_azure,
+    load_mooncake,
+)
 
 TRACE_HELP = ", ".join(TRACE_LOADERS)
 
 
 def load_trace(trace: str, limit: int | None, speedup: float = 1.0) -> list[TraceRequest]:
+    """A shipped trace or a file's requests; a file with none is an error (a replay or a
+    load of nothing used to exit 0)."""
     if trace in TRACE_LOADERS:
         return TRACE_LOADERS[trace](limit=limit, speedup=speedup)
     path = Path(trace)
-    if path.suffix in (".jsonl", ".json"):
-        return load_mooncake(path, limit=limit, speedup=speedup)
-    if path.suffix == ".csv":
-        return load_azure(path, limit=limit, speedup=speedup)
-    raise ValueError(f"unknown trace {trace!r}: a shipped name ({TRACE_HELP}) or a .jsonl/.csv")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        requests = load_mooncake(path, limit=limit, speedup=speedup)
+    elif suffix == ".csv":
+        requests = load_azure(path, limit=limit, speedup=speedup)
+    else:
+        raise ValueError(f"unknown trace {trace!r}: a shipped name ({TRACE_HELP}) or a "
+                         ".jsonl/.csv file")  # fmt: skip
+    if not requests:
+        raise TraceFormatError(f"{trace}: no request in it (empty, or every row without "
+                               "output tokens)")  # fmt: skip
+    return requests
 
 
 def with_bounds(requests: list[TraceRequest], bounds: str | None, seed: int) -> list[TraceRequest]:

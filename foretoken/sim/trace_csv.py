@@ -24,7 +24,10 @@ from typing import Final
 import numpy as np
 import polars as pl
 
+from foretoken.core.checks import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
+
 AZURE_TIMESTAMP_FORMAT: Final = "%Y-%m-%d %H:%M:%S%.f"
+MAX_SPAN_S: Final = 86_400.0 * 366  # a trace longer than a year is a unit mistake
 NS_PER_S: Final = 1e9
 # Accepted names (lower case, spaces and dashes as underscores), best first.
 TIME_COLUMNS: Final = ("timestamp", "arrival_time", "arrival_s", "time", "timestamp_ms",
@@ -91,13 +94,15 @@ def _seconds(frame: pl.DataFrame, column: str, source: Path) -> np.ndarray:
 def read_csv_trace(source: Path, limit: int | None = None) -> CsvTrace:
     """The requests of a CSV trace (module doc), sorted by arrival; ``limit`` keeps the
     first N rows of the file."""
-    try:
-        frame = pl.read_csv(source, n_rows=limit, infer_schema_length=10_000)
+    if source.is_dir():
+        raise TraceFormatError(f"{source}: is a directory, not a trace file")
+    try:  # glob=False: a path is one file ('*' or '[1]' in a name is not a pattern)
+        frame = pl.read_csv(source, n_rows=limit, infer_schema_length=10_000, glob=False)
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise TraceFormatError(f"{source}: {exc}") from exc
+    time_col = _column(frame, TIME_COLUMNS, "arrival time", source)
     if frame.height == 0:
         return CsvTrace(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), 0)
-    time_col = _column(frame, TIME_COLUMNS, "arrival time", source)
     prompt_col = _column(frame, PROMPT_COLUMNS, "prompt tokens", source)
     output_col = _column(frame, OUTPUT_COLUMNS, "output tokens", source)
     for column in (time_col, prompt_col, output_col):
@@ -113,8 +118,17 @@ def read_csv_trace(source: Path, limit: int | None = None) -> CsvTrace:
             raise TraceFormatError(f"{source}: {column} must be numbers: {exc}") from exc
     stamps = _seconds(frame, time_col, source)
     prompts, outputs = lengths["prompt"], lengths["output"]
-    with np.errstate(invalid="ignore"):
-        keep = (prompts >= 1) & (outputs >= 1) & np.isfinite(stamps)
+    for column, values, top in ((time_col, stamps, MAX_SPAN_S),
+                                (prompt_col, prompts, MAX_PROMPT_TOKENS),
+                                (output_col, outputs, MAX_OUTPUT_TOKENS)):  # fmt: skip
+        bad = ~np.isfinite(values) | (np.abs(values) > top)
+        if bad.any():
+            line = int(np.argmax(bad)) + 2
+            raise TraceFormatError(f"{source}:{line}: {column} {float(values[line - 2])} is not "
+                                   f"finite or past {top:g}")  # fmt: skip
+    if float(stamps.max() - stamps.min()) > MAX_SPAN_S:
+        raise TraceFormatError(f"{source}: its times span more than {MAX_SPAN_S:g} s")
+    keep = (prompts >= 1) & (outputs >= 1)
     order = np.argsort(stamps[keep], kind="stable")
     kept = stamps[keep][order]
     return CsvTrace(

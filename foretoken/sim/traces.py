@@ -38,6 +38,7 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
+from foretoken.core.checks import MAX_PROMPT_TOKENS
 from foretoken.core.types import ConversationId, RequestId
 from foretoken.sim.trace_csv import TraceFormatError, read_csv_trace
 
@@ -217,14 +218,11 @@ def _fits(row: _MooncakeRow, block: int) -> bool:
 
 
 def _block_tokens(rows: Sequence[_MooncakeRow], lines: Sequence[int], source: Path) -> int:
-    """The tokens per hash id: Mooncake's 512, else the one power of two every row agrees
-    on (traces written with another block size: 16 to 4096), else the first row that does
-    not fit 512 is a format error."""
-    if all(_fits(r, MOONCAKE_BLOCK_TOKENS) for r in rows):
-        return MOONCAKE_BLOCK_TOKENS
-    for block in BLOCK_SIZES:
+    """Tokens per hash id: Mooncake's 512, else a power of two every row agrees on."""
+    for block in (MOONCAKE_BLOCK_TOKENS, *BLOCK_SIZES):
         if all(_fits(r, block) for r in rows):
-            log.warning("%s: hash ids of %d tokens (not Mooncake's 512)", source, block)
+            if block != MOONCAKE_BLOCK_TOKENS:
+                log.warning("%s: hash ids of %d tokens (not Mooncake's 512)", source, block)
             return block
     i = next(i for i, r in enumerate(rows) if not _fits(r, MOONCAKE_BLOCK_TOKENS))
     n = len(rows[i].hash_ids or ())
@@ -263,8 +261,9 @@ def load_mooncake(
                 row = decoder.decode(line)
             except msgspec.DecodeError as exc:
                 raise TraceFormatError(f"{source}:{line_no}: {exc}") from exc
-            if row.input_length < 1 or row.output_length < 1:
-                raise TraceFormatError(f"{source}:{line_no}: lengths must be >= 1")
+            if not (1 <= row.input_length <= MAX_PROMPT_TOKENS and row.output_length >= 1):
+                raise TraceFormatError(f"{source}:{line_no}: lengths must be >= 1 (a prompt "
+                                       f"at most {MAX_PROMPT_TOKENS} tokens)")  # fmt: skip
             if row.hash_ids == []:
                 raise TraceFormatError(f"{source}:{line_no}: hash_ids is empty")
             rows.append(row)
@@ -272,6 +271,7 @@ def load_mooncake(
     block = _block_tokens(rows, lines, source)
     order = sorted(range(len(rows)), key=lambda i: rows[i].timestamp)
     rows = [rows[i] for i in order]
+    start_ms = rows[0].timestamp if rows else 0.0  # absolute stamps: from the first one
     with_ids = [r.hash_ids for r in rows if r.hash_ids is not None]
     shared = _common_prefix_len(with_ids) if system_prefix_blocks is None else system_prefix_blocks
     out: list[TraceRequest] = []
@@ -288,7 +288,7 @@ def load_mooncake(
         out.append(
             TraceRequest(
                 request_id=RequestId(f"mc-{index:06d}"),
-                arrival_s=row.timestamp / MS_PER_S / speedup,
+                arrival_s=(row.timestamp - start_ms) / MS_PER_S / speedup,
                 prompt_tokens=row.input_length,
                 output_tokens=row.output_length,
                 segment_keys=keys,

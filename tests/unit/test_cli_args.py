@@ -59,3 +59,29 @@ def test_a_port_another_process_holds_is_one_line_before_the_service_starts() ->
     assert port_taken("127.0.0.1", port) is None  # free again
     result = runner.invoke(app, ["fleet", "run", "small", "--time-scale", "0"])
     assert result.exit_code == 2 and "--time-scale must be > 0" in _said(result)
+
+
+def test_bad_trace_files_and_lakes_are_one_error_line(tmp_path: Path) -> None:
+    """From an audit of files never shown to us: each was a traceback, a hang or exit 0."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    nan = tmp_path / "nan.csv"
+    nan.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00,NaN,3\n")
+    odd = tmp_path / "x[/b]" / "t.jsonl"  # rich markup in a path
+    cases = [
+        (["replay", "--trace", str(empty), "--fleet", "small"], "no request in it"),
+        (["replay", "--trace", str(nan), "--fleet", "small"], "nan.csv:2: ContextTokens"),
+        (["replay", "--trace", str(tmp_path), "--fleet", "small"], "unknown trace"),
+        (["replay", "--trace", str(odd), "--fleet", "small"], "x[/b]"),
+    ]
+    lake = tmp_path / "lake" / "graded" / "hour=2026-01-01T00"
+    lake.mkdir(parents=True)
+    (lake / "part-1.parquet").write_bytes(b"not a parquet file")
+    cases += [(["report", "--lake", str(tmp_path / "lake")], "--lake"),
+              (["sql", "--lake", str(tmp_path / "lake"), "select 1"], "--lake")]  # fmt: skip
+    for args, said in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code in (1, 2) and "error:" in result.output, (args, result.output)
+        assert said in _said(result) and "Traceback" not in result.output, args
+    result = runner.invoke(app, ["router", "-e", str(empty), "--port", "70000"])
+    assert result.exit_code == 2 and "--port must be within" in _said(result)

@@ -446,3 +446,23 @@ def test_a_csv_time_that_is_not_a_time_names_its_line(tmp_path: Path) -> None:
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,1,1\nsoon,1,1\n")
     with pytest.raises(TraceFormatError, match=r"t\.csv:3"):
         load_azure(path)
+
+
+def test_absolute_mooncake_times_start_at_zero_and_huge_prompts_are_refused(
+    tmp_path: Path,
+) -> None:
+    rows = [{"timestamp": 1_700_000_000_500, "input_length": 600, "output_length": 3},
+            {"timestamp": 1_700_000_000_000, "input_length": 600, "output_length": 3}]  # fmt: skip
+    a, b = load_mooncake(write_jsonl(tmp_path / "abs.jsonl", rows))
+    assert (a.arrival_s, b.arrival_s) == (0.0, 0.5)  # not 54 years of waiting in `load`
+    huge = [{"timestamp": 0, "input_length": 10**12, "output_length": 3}]
+    with pytest.raises(TraceFormatError, match=r"huge\.jsonl:1"):
+        load_mooncake(write_jsonl(tmp_path / "huge.jsonl", huge))
+
+
+def test_csv_paths_are_files_not_patterns(tmp_path: Path) -> None:
+    path = tmp_path / "real[1].csv"
+    path.write_text(AZURE_CSV)
+    assert len(load_azure(path, sharing=SharingModel.none())) == 3
+    with pytest.raises(TraceFormatError, match="directory"):
+        load_azure(tmp_path)
