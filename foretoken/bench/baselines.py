@@ -54,7 +54,10 @@ class BaselineFit:
 
 
 def _lstsq(columns: Sequence[np.ndarray], y: np.ndarray) -> tuple[float, ...]:
-    """Least squares with columns scaled to max 1 (N² spans ten decades)."""
+    """Least squares with columns scaled to max 1 (N² spans ten decades); zeros without a
+    sample (a trace too short for a worker, or for the fleet, to have one)."""
+    if not len(y):
+        return tuple(0.0 for _ in columns)
     scale = np.array([max(float(np.max(np.abs(c))), 1e-30) for c in columns])
     matrix = np.stack([c / s for c, s in zip(columns, scale, strict=True)], axis=1)
     theta, *_ = np.linalg.lstsq(matrix, y, rcond=None)

@@ -4,6 +4,7 @@ error decomposition; a table on stdout, the JSON to ``--json`` (and .run/bench/)
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,12 @@ def predict_command(*, quick: bool, trace: str | None, fleet: str | None, loads:
                     load: float | None, limit: int | None, seed: int, matrix: bool, jobs: int,
                     explain: bool, json_path: str | None,
                     routing: str | None = None) -> None:  # fmt: skip
-    levels = [load] if load is not None else [float(x) for x in loads.split(",") if x]
+    try:
+        levels = [load] if load is not None else [float(x) for x in loads.split(",") if x]
+    except ValueError as exc:
+        raise ValueError(f"--loads {loads!r}: comma-separated numbers, e.g. 0.8,1.0,1.3") from exc
+    if not levels or not all(math.isfinite(x) and x > 0 for x in levels):
+        raise ValueError(f"--loads / --load must be positive numbers, got {levels}")
     if routing is not None:
         import foretoken.sim.cache_aware  # noqa: F401  (registers cache-aware)
         from foretoken.sim.policy import policy_names

@@ -70,6 +70,8 @@ from foretoken.core.types import (
 )
 
 FLEETS_DIR = Path(__file__).parent / "fleets"
+MAX_NOISE_SIGMA = 3.0  # a step 20x its median at one sigma: far past any engine
+MAX_COST_S = 3600.0
 MAX_COUNT = 4096  # engines of one template (100 million took minutes to expand)
 KV_HASH_ALGOS = frozenset({"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"})
 SEED_DIGEST_BYTES = 8
@@ -124,6 +126,13 @@ class TruthSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
             stall_s=self.stall_s,
         )
         _require(0.0 <= self.stall_probability <= 1.0, "stall_probability must be in [0, 1]")
+        _require(
+            self.noise_sigma <= MAX_NOISE_SIGMA,
+            f"noise_sigma must be at most {MAX_NOISE_SIGMA} (a lognormal factor's sigma)",
+        )
+        costs = (self.prefill_a_s_per_token, self.step_overhead_s, self.stall_s)
+        _require(max(costs) <= MAX_COST_S, f"per-token, per-step and stall seconds must be at "
+                 f"most {MAX_COST_S:g} (a step of days is a unit mistake)")  # fmt: skip
         _require(self.seed >= 0, "seed must be >= 0")
         _require(self.prefill_a_s_per_token > 0 or self.prefill_b_s_per_token2 > 0,
                  "a prefill that costs nothing (prefill_a_s_per_token and "

@@ -48,6 +48,7 @@ import time
 import tomllib
 from pathlib import Path
 from typing import Final, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -207,6 +208,11 @@ def _check_engine(engine: EngineConfig, index: int) -> None:
         if url is not None and not url.startswith(schemes):
             raise EnginesConfigError(f"{name} must start with {' or '.join(schemes)}, got "
                                      f"{url[:80]!r} - at `{where}.{name}`")  # fmt: skip
+        if url is not None and not _has_host_and_port(url):
+            raise EnginesConfigError(
+                f"{name} {url[:80]!r} needs a host and a valid port (an "
+                f"http URL may leave the port out) - at `{where}.{name}`"
+            )
     for name in ("tokenizer", "chat_template"):
         path = getattr(engine, name)
         if path is None:
@@ -221,6 +227,21 @@ def _check_engine(engine: EngineConfig, index: int) -> None:
         engine.registration(ts=0.0)  # what the workers topic will hold, checked now
     except ValueError as exc:
         raise EnginesConfigError(f"{exc} - at `{where}` (worker {engine.worker_id})") from exc
+
+
+def _has_host_and_port(url: str) -> bool:
+    """A URL with a host (no space) and, when it names one, a port within 1..65535; a
+    ``tcp://`` endpoint must name its port (ZMQ has no default)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError: not a number, or out of range
+    except ValueError:
+        return False
+    if not parts.hostname or " " in url:
+        return False
+    if port is None:
+        return parts.scheme in ("http", "https")
+    return 1 <= port <= 65535
 
 
 def dump_engines(engines: list[EngineConfig]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -133,6 +134,10 @@ class PredictorConfig:
     wait_scale_max: float = 2.0
 
     def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:  # NaN passes every comparison below
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")
         if not 0.0 <= self.explore_fraction <= 1.0:
             raise ValueError(f"explore_fraction must be within [0, 1], got {self.explore_fraction}")
         if not 0 < self.min_retry_after_s <= self.max_retry_after_s:

@@ -206,3 +206,11 @@ def test_a_prefill_that_costs_nothing_is_refused() -> None:
     with pytest.raises(ValueError, match="costs nothing"):
         TruthSpec(prefill_a_s_per_token=0.0, prefill_b_s_per_token2=0.0)
     assert TruthSpec(prefill_a_s_per_token=0.0, prefill_b_s_per_token2=1e-9).prefill_s(100) > 0
+
+
+@pytest.mark.parametrize("change", [{"noise_sigma": 1e6}, {"prefill_a_s_per_token": 1e30},
+                                    {"stall_s": 1e12}])  # fmt: skip
+def test_absurd_truths_are_refused(change: dict[str, float]) -> None:
+    """A noise sigma of 1e6 made every step infinite: 'requests never completed' later."""
+    with pytest.raises(ValueError, match="at most"):
+        TruthSpec(**{"prefill_a_s_per_token": 1e-5, "prefill_b_s_per_token2": 0.0, **change})

@@ -461,3 +461,11 @@ def test_a_prompt_overtaken_by_later_ones_starts_no_busy_chain() -> None:
     # before, the long prompt began a chain at 0.1 and its 9,000 tokens in 0.8 s were a sample
     assert p.fits.describe()[0]["busy_observed"] == 1
     assert p.fits.curve("w0").a == burst.a
+
+
+@pytest.mark.parametrize("name", ["overload_wait_s", "placement_delay_weight",
+                                  "stickiness_margin_s"])  # fmt: skip
+def test_a_nan_setting_is_refused_by_name(name: str) -> None:
+    """NaN passes every comparison: it used to load, then fail later naming another value."""
+    with pytest.raises(ValueError, match=name):
+        PredictorConfig(**{name: float("nan")})  # type: ignore[arg-type]
