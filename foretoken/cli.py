@@ -215,8 +215,11 @@ def router(
         listed = load_engines(engines or settings.state_path / "engines.toml")
     except EnginesConfigError as exc:
         raise fail(str(exc)) from exc
-    run_router(settings, listed, settings.router.host if host is None else host,
-               settings.router.port if port is None else port)  # fmt: skip
+    try:  # a tokenizer or chat template that does not load is one line, not a traceback
+        run_router(settings, listed, settings.router.host if host is None else host,
+                   settings.router.port if port is None else port)  # fmt: skip
+    except ValueError as exc:
+        raise fail(f"the router cannot start: {exc}") from exc
 
 
 def _bench(names: list[str], quick: bool, full: bool = True) -> None:
