@@ -70,7 +70,7 @@ def test_bad_trace_files_and_lakes_are_one_error_line(tmp_path: Path) -> None:
     odd = tmp_path / "x[/b]" / "t.jsonl"  # rich markup in a path
     cases = [
         (["replay", "--trace", str(empty), "--fleet", "small"], "no request in it"),
-        (["replay", "--trace", str(nan), "--fleet", "small"], "nan.csv:2: ContextTokens"),
+        (["replay", "--trace", str(nan), "--fleet", "small"], "ContextTokens nan is not finite"),
         (["replay", "--trace", str(tmp_path), "--fleet", "small"], "unknown trace"),
         (["replay", "--trace", str(odd), "--fleet", "small"], "x[/b]"),
     ]
