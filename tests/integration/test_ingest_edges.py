@@ -249,7 +249,7 @@ def test_a_listener_that_dies_is_restarted_and_shown_while_others_go_on(
 ) -> None:
     broken = (
         '[[engines]]\nworker_id = "broken"\nmodel = "edge-model"\nblock_size = 16\n'
-        'http_url = "http://127.0.0.1:9"\nkv_events_url = "tcp://127.0.0.1:notaport"\n'
+        'http_url = "http://127.0.0.1:9"\nkv_events_url = "tcp://*:5557"\n'  # ZMQ: EINVAL
     )
     (eng,), ingest = start_ingest(engines, ["healthy"], faust_worker, tmp_path, broken)
     try:

@@ -16,8 +16,10 @@ prior and still waiting, times ``margin`` (the request is still running: the tru
 beyond the bound), at most ``max_scale``; 1 when none is overdue. The prediction path
 prices such a worker with its prior curve times that factor — in the queue walk too, so the
 work still ahead of a new request is seen. A worker's own fit ends it: only requests
-decided on a prior are recorded, and a first token (or a failure, or a completion) takes a
-request out. Everything here is what the route service itself decided and observed.
+decided on a prior are recorded, only once their grant comes back on ``grants`` (the router
+sent them: a caller that only asks for a prediction, and never sends, proves nothing), and a
+first token (or a failure, a completion, an expiry) takes a request out. Everything here is
+what the route service itself decided and observed.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class Overdue:
     def __init__(self, config: OverdueConfig = OverdueConfig()) -> None:
         self.config = config
         self._where: OrderedDict[RequestId, WorkerId] = OrderedDict()
-        self._pending: dict[WorkerId, dict[RequestId, tuple[float, float]]] = {}
+        # per worker: request -> (decided, predicted, its grant came back)
+        self._pending: dict[WorkerId, dict[RequestId, tuple[float, float, bool]]] = {}
 
     def sent(self, rid: RequestId, wid: WorkerId, decided_s: float, predicted_s: float) -> None:
         """``rid`` was sent to ``wid`` at ``decided_s``, predicted at ``predicted_s`` on the
@@ -57,9 +60,21 @@ class Overdue:
         if rid in self._where:
             self.done(rid)
         self._where[rid] = wid
-        self._pending.setdefault(wid, {})[rid] = (decided_s, max(predicted_s, 0.0))
+        self._pending.setdefault(wid, {})[rid] = (decided_s, max(predicted_s, 0.0), False)
         while len(self._where) > self.config.memory:
             self.done(next(iter(self._where)))
+
+    def confirm(self, rid: RequestId, wid: WorkerId | None) -> None:
+        """Its grant came back naming ``wid``: it was sent there (another worker: it went
+        elsewhere, and is no evidence about this one)."""
+        where = self._where.get(rid)
+        if where is None:
+            return
+        if where != wid:
+            self.done(rid)
+            return
+        decided_s, predicted_s, _ = self._pending[where][rid]
+        self._pending[where][rid] = (decided_s, predicted_s, True)
 
     def done(self, rid: RequestId) -> None:
         """Its first token came (or it failed, or completed, or went elsewhere)."""
@@ -82,12 +97,12 @@ class Overdue:
             return 1.0
         cfg = self.config
         worst, stale = 1.0, []
-        for rid, (decided_s, predicted_s) in pending.items():
+        for rid, (decided_s, predicted_s, confirmed) in pending.items():
             waited = now_s - decided_s
             if waited > cfg.max_age_s:
                 stale.append(rid)
-                continue
-            worst = max(worst, waited / max(predicted_s, cfg.floor_s))
+            elif confirmed:
+                worst = max(worst, waited / max(predicted_s, cfg.floor_s))
         for rid in stale:
             self.done(rid)
         return 1.0 if worst <= 1.0 else min(worst * cfg.margin, cfg.max_scale)

@@ -120,6 +120,8 @@ class RouteService:
         """A decision made elsewhere (another replica, the router's fallback) or our own,
         arriving on ``grants``: put it in the queue model unless it is there already."""
         self.unconfirmed.pop(grant.request_id, None)
+        if self.predictions.overdue is not None:  # sent for real: its wait is evidence
+            self.predictions.overdue.confirm(grant.request_id, grant.worker_id)
         if self.controls is not None:
             self.controls.observe_grant(grant, now_s)
         self._withdraw_overruled(grant, now_s)
@@ -151,6 +153,8 @@ class RouteService:
         acted on)."""
         self.learner.forget(rid)
         self.predictions.sent.release(rid)
+        if self.predictions.overdue is not None:
+            self.predictions.overdue.done(rid)
 
     def use_index(self, index: Index) -> None:
         """Read another index from now on (a route replica restored from a newer snapshot
