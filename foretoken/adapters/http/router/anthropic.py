@@ -28,7 +28,7 @@ from msgspec import Meta
 
 from foretoken.adapters.http.router import anthropic_tools
 from foretoken.adapters.http.router.deltas import deltas
-from foretoken.adapters.http.router.proxy import Chunk, ClientGone, Measured, write
+from foretoken.adapters.http.router.proxy import Chunk, Measured, prepare, write
 from foretoken.adapters.http.router.requests import (
     INT32_MAX,
     RequestError,
@@ -326,10 +326,7 @@ class AnthropicRelay:
     async def open(self) -> None:
         if self.response is None:
             return
-        try:
-            await self.response.prepare(self.request)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ClientGone(str(exc)) from exc
+        await prepare(self.response, self.request)
         # the text block starts with the first text: an answer that is only tool calls has
         # none (as Anthropic answers a forced tool call)
         await write(self.response, _event("message_start", {"message": self._message()}))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from foretoken.adapters.http.router.deltas import tool_pieces
-from foretoken.adapters.http.router.requests import RequestError
+from foretoken.adapters.http.router.requests import RequestError, tool_list
 
 Event = Callable[[str, dict[str, Any]], bytes]
 # A tool result marked ``is_error``: the chat API has no flag for it, so its text says it.
@@ -32,12 +32,11 @@ ERROR_PREFIX = "Error: "
 
 def tools(value: Any) -> list[dict[str, Any]] | None:
     """The request's tools as OpenAI function tools (None: no tools)."""
-    if value is None or value == []:
+    given = tool_list(value)
+    if given is None:
         return None
-    if not isinstance(value, list):
-        raise RequestError("tools must be a list", param="tools")
     out = []
-    for i, tool in enumerate(value):
+    for i, tool in enumerate(given):
         where = f"tools[{i}]"
         if not isinstance(tool, Mapping):
             raise RequestError(f"{where} must be an object", param=where)

@@ -161,6 +161,14 @@ async def write(response: web.StreamResponse, data: bytes) -> None:
         raise ClientGone(str(exc)) from exc
 
 
+async def prepare(response: web.StreamResponse, request: web.Request) -> None:
+    """Send the streamed answer's headers (the client may have gone: :class:`ClientGone`)."""
+    try:
+        await response.prepare(request)
+    except (ConnectionError, RuntimeError) as exc:
+        raise ClientGone(str(exc)) from exc
+
+
 class Relay(Protocol):
     """Where the engine's events go (one client answer)."""
 
@@ -304,10 +312,7 @@ class OpenAIStream:
         self.error_sent = False
 
     async def open(self) -> None:
-        try:
-            await self.response.prepare(self.request)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ClientGone(str(exc)) from exc
+        await prepare(self.response, self.request)
 
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
         parts: list[bytes] = []

@@ -281,3 +281,13 @@ def upstream_body(fields: dict[str, msgspec.Raw],
     out["stream"] = _STREAM_ON
     out["stream_options"] = (options or {}) | {"include_usage": _STREAM_ON}
     return _encoder.encode(out)
+
+
+def tool_list(value: Any) -> list[Any] | None:
+    """A request's ``tools``: None when it gives none (absent or empty), else the list (a
+    400 when it is not one); each API checks its items."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise RequestError("tools must be a list", param="tools")
+    return value

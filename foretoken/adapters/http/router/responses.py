@@ -32,6 +32,7 @@ from foretoken.adapters.http.router.requests import (
     RequestError,
     ShortText,
     json_error,
+    tool_list,
 )
 from foretoken.core.tokenizer import content_text, transcript
 
@@ -186,12 +187,11 @@ REFUSED: Final = (
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:
     """Function tools as the chat completion's (other tool types run at OpenAI: refused)."""
-    if value is None or value == []:
+    given = tool_list(value)
+    if given is None:
         return None
-    if not isinstance(value, list):
-        raise RequestError("tools must be a list", param="tools")
     out = []
-    for i, tool in enumerate(value):
+    for i, tool in enumerate(given):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
             raise RequestError(

@@ -20,7 +20,7 @@ import msgspec
 from aiohttp import web
 
 from foretoken.adapters.http.router.deltas import deltas, tool_pieces
-from foretoken.adapters.http.router.proxy import Chunk, ClientGone, Measured, write
+from foretoken.adapters.http.router.proxy import Chunk, Measured, prepare, write
 
 INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _encoder = msgspec.json.Encoder()
@@ -178,10 +178,7 @@ class ResponsesRelay:
     async def open(self) -> None:
         if self.response is None:
             return
-        try:
-            await self.response.prepare(self.request)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ClientGone(str(exc)) from exc
+        await prepare(self.response, self.request)
         started = self.response_doc("in_progress")
         await write(self.response,
                     self._event("response.created", {"response": started})
