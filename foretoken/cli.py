@@ -9,8 +9,10 @@ import typer
 from rich.console import Console
 
 from foretoken.cli_args import existing_dir, fail, lake_call, port, positive, usable_output
+from foretoken.cli_args import floats as _floats
 from foretoken.cli_args import port as check_port
-from foretoken.settings import Settings, SettingsError, load_settings
+from foretoken.cli_args import settings_or_exit as _settings
+from foretoken.settings import SettingsError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 kafka_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker (KRaft, from Maven).")
@@ -28,13 +30,6 @@ app.add_typer(config_app, name="config")
 
 console = Console(stderr=True)
 ConfigOpt = typer.Option(None, "--config", "-c", help="Settings TOML (else $FORETOKEN_CONFIG).")
-
-
-def _settings(config: str | None) -> Settings:
-    try:
-        return load_settings(config)
-    except SettingsError as exc:
-        raise fail(str(exc)) from exc
 
 
 @config_app.command("show")
@@ -315,10 +310,12 @@ def load(
     out: str | None = typer.Option(None, help="Client-side results to this Parquet file."),
     seed: int = typer.Option(0),
     progress: bool = typer.Option(True),
+    config: str | None = ConfigOpt,
 ) -> None:
     """Replay a trace's arrivals against any OpenAI-compatible endpoint; results as JSON."""
     from foretoken.sim.commands import dumps, load_command
 
+    _settings(config)
     positive(("--speedup", speedup), ("--limit", limit))
     if not url.startswith(("http://", "https://")):
         raise fail(f"--url must start with http:// or https://, got {url!r}")
@@ -356,12 +353,14 @@ def bench_predict(
         help="Route by this baseline policy (e.g. least-outstanding-tokens); the "
         "predictor predicts as a read replica: a paired grading of predictor versions.",
     ),
+    config: str | None = ConfigOpt,
 ) -> None:
     """Prediction accuracy against baselines: the Mooncake benchmark (no options), one
     trace × fleet at several loads (--trace/--fleet), the matrix (--matrix) or the error
     decomposition (--explain)."""
     from foretoken.bench.predict_cli import predict_command
 
+    _settings(config)
     if not (trace or fleet or matrix or explain):
         _bench(["predict"], quick)
         return
@@ -447,15 +446,6 @@ def llama_run(ctx: typer.Context) -> None:
     from foretoken.sim.live.llama_server import main as llama_main
 
     raise typer.Exit(llama_main(list(ctx.args)))
-
-
-def _floats(text: str | None, name: str) -> tuple[float, ...]:
-    if not text:
-        return ()
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"{name}: comma-separated numbers, got {text!r}") from exc
 
 
 @bench_app.command("client")

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from foretoken.settings import Settings, SettingsError, load_settings
+
 T = TypeVar("T")
 
 _console = Console(stderr=True)
@@ -81,3 +83,27 @@ def lake_call(lake: str, call: Callable[..., T], *args: object) -> T:
         return call(*args)
     except (duckdb.Error, ValueError) as exc:
         raise fail(f"--lake {lake}: {exc}".split("\n")[0][:500]) from exc
+
+
+def settings_or_exit(config: str | None) -> Settings:
+    """The settings, or exit 2 with one line; a ``traces_dir`` set in the file reaches the
+    trace loaders too (they read ``$FORETOKEN_TRACES_DIR``)."""
+    from foretoken.sim.traces import TRACES_DIR_ENV
+
+    try:
+        settings = load_settings(config)
+    except SettingsError as exc:
+        raise fail(str(exc)) from exc
+    if settings.traces_dir:
+        os.environ[TRACES_DIR_ENV] = os.path.expanduser(settings.traces_dir)
+    return settings
+
+
+def floats(text: str | None, name: str) -> tuple[float, ...]:
+    """Comma-separated numbers (none: empty)."""
+    if not text:
+        return ()
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{name}: comma-separated numbers, got {text!r}") from exc

@@ -378,6 +378,16 @@ def _check_known(tree: dict[str, Any], kind: Any, prefix: str = "") -> None:
             _check_known(value, sub, f"{path}.")
 
 
+def _is_field(dotted: str) -> bool:
+    kind: Any = Settings
+    for part in dotted.split("."):
+        fields = _fields_of(kind)
+        if fields is None or part not in fields:
+            return False
+        kind = fields[part]
+    return True
+
+
 def _env_value(dotted: str, value: str) -> Any:
     """A variable's text as the setting takes it: a list setting is comma-separated."""
     import typing
@@ -423,7 +433,7 @@ def load_settings_with_sources(
     file = path or env.get("FORETOKEN_CONFIG")
     if file:
         try:
-            tree = tomllib.loads(Path(file).read_text())
+            tree = tomllib.loads(Path(file).read_text(encoding="utf-8-sig"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise SettingsError(f"cannot read settings file {file}: {exc}") from exc
         sources.update(dict.fromkeys(_flatten(tree), f"file {file}"))
@@ -442,6 +452,9 @@ def load_settings_with_sources(
         return msgspec.convert(tree, Settings, strict=False), sources
     except msgspec.ValidationError as exc:
         where = _error_path(exc)
+        named = str(exc).split(" ", 1)[0]  # a section's own check names its field first
+        if where and _is_field(f"{where}.{named}"):
+            where = f"{where}.{named}"
         origin = next((src for key, src in sources.items() if where and key.startswith(where)),
                       None)  # fmt: skip
         suffix = f" (from {origin})" if origin else ""

@@ -117,13 +117,17 @@ def _dataset_texts(path: Path) -> list[str]:
     if not path.exists():
         raise ValueError(f"no dataset file {path} (or a shipped trace: {SHIPPED_TRACES})")
     if path.suffix == ".txt":
-        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        return [
+            line.strip()
+            for line in path.read_text(encoding="utf-8-sig").splitlines()
+            if line.strip()
+        ]
     if path.suffix not in (".jsonl", ".json"):
         raise ValueError(f"dataset {path}: expected .jsonl, .json or .txt")
     texts: list[str] = []
-    lines = path.read_text().splitlines()
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
     rows: list[Any] = (
-        json.loads(path.read_text())
+        json.loads(path.read_text(encoding="utf-8-sig"))
         if path.suffix == ".json"
         else [json.loads(line) for line in lines if line.strip()]
     )

@@ -74,3 +74,20 @@ def check_finite(name: str, value: float | None, *, minimum: float | None = 0.0)
         raise ValueError(f"{name} must be finite, got {value}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_settings_numbers(config: object, signed: tuple[str, ...] = ()) -> None:
+    """Every number field of a dataclass or msgspec Struct of settings is finite and, unless
+    named in ``signed``, >= 0 (a typo'd minus sign used to be taken: a negative window or
+    iteration count made the fits or controls silently do nothing)."""
+    names = getattr(config, "__struct_fields__", None) or getattr(
+        config, "__dataclass_fields__", {}
+    )
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
+        if value < 0 and name not in signed:
+            raise ValueError(f"{name} must be >= 0, got {value}")

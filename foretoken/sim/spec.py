@@ -380,7 +380,7 @@ def load_fleet(path: str | Path) -> FleetSpec:
     if not candidate.exists() and candidate.suffix == "" and len(candidate.parts) == 1:
         candidate = FLEETS_DIR / f"{candidate.name}.toml"
     try:
-        text = candidate.read_text(encoding="utf-8")
+        text = candidate.read_text(encoding="utf-8-sig")  # a BOM is no error
     except OSError as exc:
         raise FleetSpecError(f"{candidate}: cannot read fleet file: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

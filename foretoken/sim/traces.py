@@ -255,6 +255,7 @@ def load_mooncake(
         for line_no, line in enumerate(fh, start=1):
             if limit is not None and len(rows) >= limit:
                 break
+            line = line.removeprefix(b"\xef\xbb\xbf") if line_no == 1 else line  # BOM
             if not line.strip():
                 continue
             try:

@@ -85,3 +85,26 @@ def test_bad_trace_files_and_lakes_are_one_error_line(tmp_path: Path) -> None:
         assert said in _said(result) and "Traceback" not in result.output, args
     result = runner.invoke(app, ["router", "-e", str(empty), "--port", "70000"])
     assert result.exit_code == 2 and "--port must be within" in _said(result)
+
+
+def test_traces_dir_of_a_settings_file_is_where_named_traces_are_read(tmp_path: Path) -> None:
+    """It was read from the environment only: the file's setting was shown, then ignored.
+    A trace with a byte order mark is read as without it."""
+    import os
+
+    from foretoken.sim.traces import MOONCAKE_FILE, TRACES_DIR_ENV
+
+    row = b'{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+    (tmp_path / MOONCAKE_FILE).write_bytes(b"\xef\xbb\xbf" + row)
+    config = tmp_path / "s.toml"
+    config.write_text(f'traces_dir = "{tmp_path}"\n')
+    before = os.environ.pop(TRACES_DIR_ENV, None)
+    try:
+        args = ["replay", "--trace", "mooncake", "--fleet", "small", "--no-progress"]
+        result = runner.invoke(app, [*args, "-c", str(config)])
+        assert result.exit_code == 0, result.output
+        assert '"requests": 1' in result.stdout
+    finally:
+        os.environ.pop(TRACES_DIR_ENV, None)
+        if before is not None:
+            os.environ[TRACES_DIR_ENV] = before

@@ -162,6 +162,11 @@ def test_edge_limits_are_settings_with_their_rules() -> None:
         ({"FORETOKEN__ROUTE__READ_TIMEOUT_S": "inf"}, "route.read_timeout_s"),  # no 408 then
         ({"FORETOKEN__ROUTER__ENGINE_TIMEOUT_S": "-1"}, "router.engine_timeout_s"),
         ({"FORETOKEN__LAYOUT__RETENTION_MS": "-2"}, "layout.retention_ms"),
+        # A minus sign the core's knobs took: no fit iterated, no stage was ever held.
+        ({"FORETOKEN__FITS__PREFILL__HUBER_ITERATIONS": "-1"}, "fits.prefill.huber_iterations"),
+        ({"FORETOKEN__PREDICTOR__WAIT_SCALE_WINDOW": "-1"}, "predictor.wait_scale_window"),
+        ({"FORETOKEN__CONTROLS__BREACH_S": "-1"}, "controls.breach_s"),
+        ({"FORETOKEN__FITS__DEFAULT_A": "nan"}, "fits.default_a"),
     ],
 )
 def test_numbers_out_of_range_are_refused_naming_the_key(env: dict[str, str], key: str) -> None:
@@ -175,3 +180,28 @@ def test_a_route_token_no_caller_could_send_is_refused() -> None:
     with pytest.raises(SettingsError, match=r"route\.token"):
         load_settings(env={"FORETOKEN__ROUTE__TOKEN": " secret "})
     assert load_settings(env={"FORETOKEN__ROUTE__TOKEN": "secret"}).route.token == "secret"
+
+
+def test_every_number_of_the_core_refuses_a_minus_sign_but_the_signed_ones() -> None:
+    """Each numeric setting of predictor, fits and controls is checked (the signed ones
+    are the few that say "off" or a rank below -1)."""
+    import json
+
+    from foretoken.settings import describe_settings, load_settings_with_sources
+
+    settings, sources = load_settings_with_sources(env={})
+    signed = {"controls.classes.default.priority", "lake.compact_after_s",
+              "layout.retention_ms", "worker.freeze_heap_after_s"}  # fmt: skip
+    for key, value, _ in describe_settings(settings, sources):
+        if isinstance(value, bool) or not isinstance(value, int | float) or key in signed:
+            continue
+        var = "FORETOKEN__" + key.upper().replace(".", "__")
+        with pytest.raises(SettingsError):
+            load_settings(env={var: json.dumps(-1)})
+
+
+def test_a_byte_order_mark_is_no_error(tmp_path: Path) -> None:
+    """Editors on Windows write one; tomllib refused the file without saying why."""
+    file = tmp_path / "s.toml"
+    file.write_bytes(b"\xef\xbb\xbf[ingest]\nport = 7001\n")
+    assert load_settings(file, env={}).ingest.port == 7001

@@ -158,7 +158,7 @@ def load_engines(path: str | Path) -> list[EngineConfig]:
     and the key (a misspelled key, a value the registration refuses, a URL of the wrong
     kind, a tokenizer that is not there) — at load, not later deep in a service."""
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
         for index, entry in enumerate(raw.get("engines", ()) if isinstance(raw, dict) else ()):
             unknown = unknown_scheduler_keys(entry.get("scheduler") if isinstance(entry, dict)
                                              else None)  # fmt: skip

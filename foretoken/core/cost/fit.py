@@ -34,6 +34,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from foretoken.core.checks import check_settings_numbers
 from foretoken.core.types import FitUsed
 
 FloatArray = npt.NDArray[np.float64]
@@ -98,6 +99,7 @@ class RobustFitConfig:
     min_relative_scale: float = 0.01  # floor of the residual scale (noiseless data)
 
     def __post_init__(self) -> None:
+        check_settings_numbers(self)
         if self.min_samples < 2 or self.window < self.min_samples:
             raise ValueError("min_samples must be >= 2 and window >= min_samples")
         if self.refit_every < 1 or self.max_iterations < 1:
@@ -155,9 +157,9 @@ class FitConfig:
     busy_joint_min_samples: int = 8
 
     def __post_init__(self) -> None:
-        defaults = (self.default_a, self.default_b, self.default_overhead_s, self.default_per_seq_s)
-        if self.min_spread < 1 or not self.min_running_span > 0 or min(defaults) < 0:
-            raise ValueError("min_spread >= 1, min_running_span > 0 and defaults >= 0 required")
+        check_settings_numbers(self)
+        if self.min_spread < 1 or not self.min_running_span > 0:
+            raise ValueError("min_spread >= 1 and min_running_span > 0 required")
         if self.max_configs_per_worker < 1:
             raise ValueError("max_configs_per_worker must be >= 1")
 

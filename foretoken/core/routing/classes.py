@@ -12,6 +12,8 @@ import math
 
 import msgspec
 
+from foretoken.core.checks import check_settings_numbers
+
 
 class WorkloadClass(msgspec.Struct, kw_only=True, frozen=True):
     """A workload class (issue #8): its TTFT objective at a percentile, the latency it
@@ -30,6 +32,7 @@ class WorkloadClass(msgspec.Struct, kw_only=True, frozen=True):
     protected: bool = False
 
     def __post_init__(self) -> None:
+        check_settings_numbers(self, signed=("priority",))
         if not 50.0 <= self.percentile < 100.0:
             raise ValueError(f"percentile must be within [50, 100), got {self.percentile}")
         if self.queue_budget_s <= 0:
@@ -79,6 +82,7 @@ class ControlSettings(msgspec.Struct, kw_only=True, frozen=True):
     pending_max_age_s: float = 900.0
 
     def __post_init__(self) -> None:
+        check_settings_numbers(self)
         if self.default_class not in self.classes:
             raise ValueError(f"default_class {self.default_class!r} is not among the classes")
         if not 0 < self.warn_fraction <= self.reroute_fraction <= self.admission_fraction:

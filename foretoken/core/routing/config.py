@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
+
+from foretoken.core.checks import check_settings_numbers
 
 
 def _tier_load_costs() -> dict[str, float]:
@@ -134,10 +135,7 @@ class PredictorConfig:
     wait_scale_max: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:  # NaN passes every comparison below
-            value = getattr(self, name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{name} must be finite, got {value}")
+        check_settings_numbers(self)  # NaN passes every comparison below
         if not 0.0 <= self.explore_fraction <= 1.0:
             raise ValueError(f"explore_fraction must be within [0, 1], got {self.explore_fraction}")
         if not 0 < self.min_retry_after_s <= self.max_retry_after_s:

@@ -187,6 +187,6 @@ def api_keys(settings: Settings) -> tuple[bytes, ...]:
     ``router.api_keys_file``."""
     keys = list(settings.router.api_keys)
     if settings.router.api_keys_file:
-        text = Path(settings.router.api_keys_file).expanduser().read_text()
+        text = Path(settings.router.api_keys_file).expanduser().read_text(encoding="utf-8-sig")
         keys += [line.strip() for line in text.splitlines() if line.strip()]
     return tuple(k.encode() for k in keys)

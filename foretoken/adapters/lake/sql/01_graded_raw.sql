@@ -16,3 +16,5 @@ FROM (
         allow_empty = true
     )
 )
+-- A Parquet file dropped into the lake by something else has no request ids: not requests.
+WHERE request_id IS NOT NULL

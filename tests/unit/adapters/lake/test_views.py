@@ -50,6 +50,7 @@ from foretoken.adapters.lake.views import (
     view_names,
 )
 from foretoken.adapters.lake.writer import (
+    LAKE_TABLE,
     LakeWriter,
     graded_frame,
     graded_schema,
@@ -377,6 +378,15 @@ def test_files_written_after_connect_are_seen(tmp_path: Path) -> None:
     with connect(tmp_path) as con:
         assert metric(con, "totals")["requests"] == 0
         build_golden(tmp_path)
+        assert metric(con, "totals")["requests"] == 10
+
+
+def test_a_foreign_parquet_file_in_the_lake_is_not_counted_as_requests(tmp_path: Path) -> None:
+    """Its rows (no request id) used to count as requests with no status."""
+    build_golden(tmp_path)
+    hour = next((tmp_path / LAKE_TABLE).iterdir())
+    pl.DataFrame({"x": [1, 2], "y": ["a", "b"]}).write_parquet(hour / "part-zzz-foreign.parquet")
+    with connect(tmp_path) as con:
         assert metric(con, "totals")["requests"] == 10
 
 
