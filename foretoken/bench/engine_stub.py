@@ -14,6 +14,7 @@ For the tests, a body holding one of these markers changes the answer: ``__stub_
 token, then ``[DONE]``), ``__stub_break__`` (the connection dropped after the first token),
 ``__stub_echo_headers__`` (the first token's text is the request's headers as JSON),
 ``__stub_echo_body__`` (one token per choice of ``n``, choice 0's text the body as received),
+``__stub_reasoning__`` (a chat answer: two pieces of ``reasoning_content``, then a text),
 ``__stub_crlf__`` (the stream's lines end in CRLF), ``__stub_429__`` (a 429 with
 ``Retry-After: 7``), ``__stub_slow__`` (8 tokens 0.5 s apart), ``__stub_stall__`` (one token,
 then silence). ``/metrics`` counts the requests served and the ones whose connection the
@@ -189,6 +190,13 @@ class StubProtocol(asyncio.Protocol):
             self.transport.write(e.answers.stream_head + _echo_body(body, chat, e.model)
                                  + e.answers.done)  # fmt: skip
             return True
+        if b"__stub_reasoning__" in body and chat:  # a reasoning model's answer
+            said = [_delta(e.model, {"role": "assistant", "reasoning_content": "Let me think."}),
+                    _delta(e.model, {"reasoning_content": " Done."}),
+                    _delta(e.model, {"content": "Answer."}), e.answers.chat_end]  # fmt: skip
+            self.transport.write(e.answers.stream_head + b"".join(said) + e.answers.usage(3, chat)
+                                 + e.answers.done)  # fmt: skip
+            return True
         if b"__stub_error_event__" in body:
             err = _chunk(b'data: {"error":{"message":"stub failed mid-stream",'
                          b'"type":"InternalError","code":500}}\n\n')  # fmt: skip
@@ -260,6 +268,13 @@ def _unchunk(data: bytes) -> bytes:
             break
         out, rest = out + rest[:size], rest[size + 2 :]
     return out
+
+
+def _delta(model: str, fields: dict[str, str]) -> bytes:
+    """One chat completion event of choice 0 saying ``fields``."""
+    doc = {"id": "cmpl-stub", "created": 0, "model": model, "object": "chat.completion.chunk",
+           "choices": [{"index": 0, "delta": fields, "finish_reason": None}]}  # fmt: skip
+    return _chunk(b"data: " + json.dumps(doc).encode() + b"\n\n")
 
 
 def _echo_body(body: bytes, chat: bool, model: str) -> bytes:

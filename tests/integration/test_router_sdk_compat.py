@@ -231,6 +231,33 @@ def test_anthropic_stream_events_in_order(router: StubRouter) -> None:
         )
 
 
+def test_anthropic_thinking_with_the_sdk(router: StubRouter) -> None:
+    """A reasoning model's reasoning as the SDK's ThinkingBlock, whole and streamed (the
+    SDK's stream accumulator checks the events' order and indexes); not shown without
+    thinking enabled; an earlier answer's thinking sent back is taken."""
+    a = _anthropic(router.url)
+    ask = [{"role": "user", "content": "__stub_reasoning__"}]
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    m = a.messages.create(model=MODEL, max_tokens=2048, messages=ask,  # type: ignore[arg-type]
+                          thinking=thinking)  # fmt: skip
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    first, text = m.content
+    assert first.type == "thinking" and first.thinking == "Let me think. Done."
+    assert first.signature and text.type == "text" and text.text == "Answer."
+    with a.messages.stream(model=MODEL, max_tokens=2048, messages=ask,  # type: ignore[arg-type]
+                           thinking=thinking) as stream:  # fmt: skip
+        kinds = [e.type for e in stream]
+        streamed = stream.get_final_message()
+    assert "thinking" in kinds and "signature" in kinds
+    assert [b.model_dump() for b in streamed.content] == [b.model_dump() for b in m.content]
+    plain = a.messages.create(model=MODEL, max_tokens=64, messages=ask)  # type: ignore[arg-type]
+    assert [b.type for b in plain.content] == ["text"]
+    again = [*ask, {"role": "assistant", "content": [first.model_dump(), text.model_dump()]},
+             {"role": "user", "content": "__stub_reasoning__ more"}]  # fmt: skip
+    assert a.messages.create(model=MODEL, max_tokens=2048, messages=again,  # type: ignore[arg-type]
+                             thinking=thinking).content[0].type == "thinking"  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- errors
 
 

@@ -4,22 +4,26 @@
 decoded strictly (text content blocks, a system prompt as a string or text blocks, stop
 sequences, sampling parameters, ``metadata.user_id``, tool use — ``tools``,
 ``tool_choice``, ``tool_use`` and ``tool_result`` blocks: ``anthropic_tools.py``;
-``cache_control`` is taken, as the engines cache prefixes on their own; anything else —
-images, thinking, server tools, an unknown field of the body, a message, a block or
-``metadata`` — is refused with a 400 naming it, never dropped; ``thinking: {"type":
-"disabled"}`` asks for nothing and is taken) and translated into the chat completion the
+``cache_control`` is taken, as the engines cache prefixes on their own; ``thinking``
+— enabled, adaptive or disabled, checked as Anthropic checks it — and an earlier answer's
+``thinking`` blocks, left out of the context as Anthropic leaves them; anything else —
+images, server tools, an unknown field of the body, a message, a block or ``metadata`` — is
+refused with a 400 naming it, never dropped) and translated into the chat completion the
 engine streams: the same messages the router tokenizes, so what is routed is what is
 prefilled (several text blocks become the chat API's text parts, which the engine's chat
 template joins as for any client). The engine's OpenAI events come back as Anthropic's:
 ``message_start``, ``content_block_start`` (with the first text; an answer of only tool
 calls has no text block), ``ping``, ``content_block_delta`` (``text_delta``, then a tool
-call's ``input_json_delta``), ``content_block_stop``, ``message_delta`` (stop reason,
+call's ``input_json_delta``; with thinking enabled, a reasoning model's reasoning first as a
+``thinking`` block: ``thinking_delta``, ``signature_delta``), ``content_block_stop``,
+``message_delta`` (stop reason,
 output and cache-read tokens), ``message_stop`` — or an ``error`` event when the stream
 breaks.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -41,6 +45,7 @@ OTHER_BLOCK_FIELDS: Final = (
     "source", "id", "name", "input", "tool_use_id", "content", "is_error", "thinking",
     "signature", "data", "title", "context", "citations",
 )  # fmt: skip
+MIN_BUDGET: Final = 1024  # Anthropic's least thinking.budget_tokens
 STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                        "content_filter": "refusal"}  # fmt: skip
 _encoder = msgspec.json.Encoder()
@@ -162,6 +167,8 @@ def _blocks(content: str | list[Block] | None, where: str,
         if block.type == "tool_result" and role == "user":
             results.append(anthropic_tools.result(block, at))
             continue
+        if block.type in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # an earlier answer's thinking: out of the context, as Anthropic does
         if block.type != "text":
             raise RequestError(
                 f"{at}.type: content blocks of type {block.type!r} are not supported by this "
@@ -178,12 +185,30 @@ def _blocks(content: str | list[Block] | None, where: str,
     return text_content(texts), calls, results
 
 
-def _off(name: str, value: Any) -> bool:
-    """Whether a refused feature's value asks for nothing (no MCP servers; thinking
-    disabled), so that it can be taken as it is."""
-    if value is None or (name == "mcp_servers" and value == []):
-        return True
-    return isinstance(value, dict) and value == {"type": "disabled"} and name == "thinking"
+def _thinking(value: Any, max_tokens: int | None) -> None:
+    """``thinking`` as Anthropic takes it: disabled, adaptive, or enabled with a
+    ``budget_tokens`` of at least 1,024 below ``max_tokens``. The thinking is the engine's
+    (a reasoning model thinks as its chat template has it); the budget is not enforced: the
+    chat API has no such limit, ``max_tokens`` bounds thinking and text together."""
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    allowed = {"disabled": {"type"}, "adaptive": {"type"}, "enabled": {"type", "budget_tokens"}}
+    if kind not in allowed:
+        raise RequestError("thinking.type must be enabled, adaptive or disabled",
+                           param="thinking.type")  # fmt: skip
+    for key in value:
+        if key not in allowed[kind]:
+            raise RequestError(f"thinking.{key}: not a field of {kind} thinking, or not "
+                               "supported by this router", param=f"thinking.{key}")  # fmt: skip
+    if kind == "enabled":
+        budget = value.get("budget_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_BUDGET:
+            raise RequestError(f"thinking.budget_tokens must be an integer >= {MIN_BUDGET}",
+                               param="thinking.budget_tokens")  # fmt: skip
+        if max_tokens is not None and budget >= max_tokens:
+            raise RequestError("max_tokens must be greater than thinking.budget_tokens",
+                               param="thinking.budget_tokens")  # fmt: skip
 
 
 def _messages_of(body: _Base) -> list[dict[str, Any]]:
@@ -191,9 +216,9 @@ def _messages_of(body: _Base) -> list[dict[str, Any]]:
     ``tool`` messages before its text; an assistant's tool calls on its message; consecutive
     text turns of one role combined, as Anthropic does (the engines' chat templates may
     refuse roles that do not alternate)."""
-    for name in ("thinking", "mcp_servers"):
-        if not _off(name, getattr(body, name)):
-            raise RequestError(f"{name} is not supported by this router", param=name)
+    _thinking(body.thinking, getattr(body, "max_tokens", None))
+    if body.mcp_servers not in (None, []):
+        raise RequestError("mcp_servers is not supported by this router", param="mcp_servers")
     system = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
     out: list[dict[str, Any]] = system
     first = len(out)
@@ -291,28 +316,39 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 
 
 _PING: Final = _event("ping", {})
-_TEXT_START: Final = _event(
-    "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
-)
+_TEXT: Final = {"type": "text", "text": ""}
+
+
+def thinking_on(value: Any) -> bool:
+    """Whether a request's (checked) ``thinking`` asks for the model's thinking."""
+    return isinstance(value, dict) and value.get("type") in ("enabled", "adaptive")
 
 
 class AnthropicRelay:
-    """Engine events → an Anthropic answer, streamed or one JSON message."""
+    """Engine events → an Anthropic answer, streamed or one JSON message. With ``thinking``
+    (the request enabled it), a reasoning model's reasoning (the engine's reasoning parser)
+    is a ``thinking`` block before the text; without, it is not shown (as Anthropic's)."""
 
     def __init__(self, request: web.Request, response: web.StreamResponse | None,
                  message_id: str, model: str, input_tokens: int,
-                 reports_cached: bool = False, credited_cached: int = 0) -> None:  # fmt: skip
+                 reports_cached: bool = False, credited_cached: int = 0,
+                 thinking: bool = False) -> None:  # fmt: skip
         self.request, self.response, self.reports_cached = request, response, reports_cached
         self.id, self.model, self.input_tokens = message_id, model, input_tokens
         # message_start goes out before the engine says what it had cached: the index's
         # credit stands in (message_delta then carries the engine's count)
         self.credited_cached = min(max(credited_cached, 0), input_tokens)
+        self.thinking = thinking
+        self.thought: list[str] = []
         self.text: list[str] = []
         self.tools = anthropic_tools.ToolCalls()
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.error: str | None = None
         self.started = False  # a content block was started (streaming)
+        self.blocks = 0  # content blocks started (thinking, text; the tools count their own)
+        self.text_block: int | None = None  # the text's block (after the thinking block)
+        self.open_block: int | None = None  # the thinking or text block still open
 
     def _message(self) -> dict[str, Any]:
         usage: dict[str, Any] = {"input_tokens": self.input_tokens - self.credited_cached,
@@ -331,19 +367,55 @@ class AnthropicRelay:
         # none (as Anthropic answers a forced tool call)
         await write(self.response, _event("message_start", {"message": self._message()}))
 
+    def _start(self, parts: list[bytes], block: dict[str, Any]) -> int:
+        """A thinking or text block opens (its start event, streaming); its index."""
+        index = self.open_block = self.blocks
+        self.blocks += 1
+        if self.response is not None:
+            parts.append(_event("content_block_start", {"index": index, "content_block": block}))
+        return index
+
+    def _signature(self) -> str:
+        """The thinking block's signature: a digest of its text (not Anthropic's: a
+        thinking block sent back in a later turn is dropped, never checked)."""
+        return hashlib.sha256("".join(self.thought).encode()).hexdigest()
+
+    def _close(self, parts: list[bytes]) -> None:
+        """The open thinking or text block ends (the thinking's with its signature)."""
+        index, self.open_block = self.open_block, None
+        if index is None or self.response is None:
+            return
+        if self.thought and index == 0:
+            sig = {"type": "signature_delta", "signature": self._signature()}
+            parts.append(_event("content_block_delta", {"index": 0, "delta": sig}))
+        parts.append(_event("content_block_stop", {"index": index}))
+
+    def _delta(self, parts: list[bytes], index: int, delta: dict[str, Any]) -> None:
+        if self.response is not None:
+            parts.append(_event("content_block_delta", {"index": index, "delta": delta}))
+
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
         parts: list[bytes] = []
-        streaming = _event if self.response is not None else None
         for d in deltas(events):
+            if d.reasoning and self.thinking and not self.text and not self.tools.calls:
+                if not self.thought:
+                    self._start(parts, {"type": "thinking", "thinking": "", "signature": ""})
+                self.thought.append(d.reasoning)
+                self._delta(parts, 0, {"type": "thinking_delta", "thinking": d.reasoning})
             if d.text and self.tools.open is None:  # (text after a tool call: none comes)
-                if streaming is not None and not self.text:
-                    parts.append(_TEXT_START)
+                if not self.text:
+                    self._close(parts)
+                    self.text_block = self._start(parts, _TEXT)
                 self.text.append(d.text)
-                if streaming is not None:
-                    delta_event = {"index": 0, "delta": {"type": "text_delta", "text": d.text}}
-                    parts.append(_event("content_block_delta", delta_event))
+                text_delta = {"type": "text_delta", "text": d.text}
+                self._delta(parts, self.blocks - 1, text_delta)  # the last block started
             if d.tool_calls:
-                parts += self.tools.add(d.tool_calls, streaming, text_open=bool(self.text))
+                if self.open_block is not None and self.open_block != self.text_block:
+                    self._close(parts)  # the thinking: its signature before the tools
+                streaming = _event if self.response is not None else None
+                parts += self.tools.add(d.tool_calls, streaming, self.open_block, self.blocks)
+                if self.tools.calls:
+                    self.open_block = None  # closed by the first tool call's block
             self.finish_reason = d.finish_reason or self.finish_reason
             if d.choice.get("stop_reason") is not None:
                 self.stop_reason = d.choice["stop_reason"]
@@ -366,10 +438,17 @@ class AnthropicRelay:
             await write(self.response, _event("error", err))
             return
         stop, sequence = _stop(self.finish_reason, self.stop_reason)
-        empty = not self.text and not self.tools.calls  # no block yet: an empty text block
+        parts: list[bytes] = []
+        last = self.tools.last_block()
+        if last is not None:
+            parts.append(_event("content_block_stop", {"index": last}))
+        else:
+            if not self.blocks:  # no block yet: an empty text block
+                self._start(parts, _TEXT)
+                parts.append(_PING)
+            self._close(parts)
         await write(self.response,
-                    (_TEXT_START + _PING if empty else b"")
-                    + _event("content_block_stop", {"index": self.tools.last_block()})
+                    b"".join(parts)
                     + _event("message_delta", {"delta": {"stop_reason": stop,
                                                          "stop_sequence": sequence},
                                                "usage": self.usage(m)})
@@ -388,15 +467,20 @@ class AnthropicRelay:
             usage["cache_read_input_tokens"] = min(cached, prompt)
         return usage
 
-    def _text_block(self) -> list[dict[str, Any]]:
-        """The answer's text block: none before tool calls when there was no text."""
-        if not self.text and self.tools.calls:
-            return []
-        return [{"type": "text", "text": "".join(self.text)}]
+    def _first_blocks(self) -> list[dict[str, Any]]:
+        """The answer's thinking and text blocks: no text block when there was no text but
+        thinking or tool calls (streamed the same way)."""
+        out: list[dict[str, Any]] = []
+        if self.thought:
+            out.append({"type": "thinking", "thinking": "".join(self.thought),
+                        "signature": self._signature()})  # fmt: skip
+        if self.text or not (self.thought or self.tools.calls):
+            out.append({"type": "text", "text": "".join(self.text)})
+        return out
 
     def answer(self, m: Measured) -> dict[str, Any]:
         stop, sequence = _stop(self.finish_reason, self.stop_reason)
         return self._message() | {
-            "content": [*self._text_block(), *self.tools.blocks()],
+            "content": [*self._first_blocks(), *self.tools.blocks()],
             "stop_reason": stop, "stop_sequence": sequence, "usage": self.usage(m),
         }  # fmt: skip

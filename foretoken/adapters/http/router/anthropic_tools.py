@@ -122,9 +122,9 @@ def result(block: Any, where: str) -> dict[str, Any]:
 
 
 class ToolCalls:
-    """The engine's streamed tool calls, as Anthropic ``tool_use`` blocks: after the text
-    block (0) when the answer had text before them, else from block 0 (as Anthropic answers
-    a forced tool call: no empty text block first)."""
+    """The engine's streamed tool calls, as Anthropic ``tool_use`` blocks after the blocks
+    before them (thinking, text), if any — else from block 0 (as Anthropic answers a forced
+    tool call: no empty text block first)."""
 
     def __init__(self) -> None:
         self.calls: dict[int, dict[str, Any]] = {}  # OpenAI index → id, name, argument pieces
@@ -134,21 +134,23 @@ class ToolCalls:
     def block_of(self, index: int) -> int:
         return self.base + sorted(self.calls).index(index)
 
-    def add(self, calls: list[Any], event: Event | None, text_open: bool = True) -> list[bytes]:
+    def add(self, calls: list[Any], event: Event | None, open_block: int | None = None,
+            first: int = 0) -> list[bytes]:  # fmt: skip
         """One event's ``tool_calls`` deltas; the Anthropic events they make (streaming).
-        ``text_open``: a text block is open before them (it is closed, and they follow it)."""
+        ``open_block``: the block still open before them (it is closed, and they follow
+        it); ``first``: the block of the first tool call."""
         out: list[bytes] = []
         for piece in tool_pieces(calls, len(self.calls)):
             index = piece.index
             entry = self.calls.get(index)
             if entry is None:
                 if not self.calls:
-                    self.base = 1 if text_open else 0
+                    self.base = first
                 entry = self.calls[index] = {"id": piece.call_id or f"toolu_{index}",
                                              "name": piece.name or "", "args": []}  # fmt: skip
                 if event is not None:
-                    if self.open is not None or text_open:
-                        closing = self.block_of(self.open) if self.open is not None else 0
+                    closing = self.block_of(self.open) if self.open is not None else open_block
+                    if closing is not None:
                         out.append(event("content_block_stop", {"index": closing}))
                     block = {"type": "tool_use", "id": entry["id"], "name": entry["name"],
                              "input": {}}  # fmt: skip
@@ -163,9 +165,9 @@ class ToolCalls:
                                      {"index": self.block_of(index), "delta": delta}))  # fmt: skip
         return out
 
-    def last_block(self) -> int:
-        """The block still open at the end: the last tool's, or the text's."""
-        return self.block_of(self.open) if self.open is not None else 0
+    def last_block(self) -> int | None:
+        """The last tool's block, still open at the end (None: no tool call)."""
+        return self.block_of(self.open) if self.open is not None else None
 
     def blocks(self) -> list[dict[str, Any]]:
         """The ``tool_use`` blocks of a whole answer (input parsed; ``{}`` when the engine's

@@ -141,7 +141,8 @@ def _anthropic_relay(request: web.Request, response: web.StreamResponse | None, 
                      rid: str, tokens: int, grant: Grant, state: RouterState) -> Any:  # fmt: skip
     reports = state.reports_cached(grant)
     return anthropic.AnthropicRelay(request, response, f"msg_{rid}", body.model, tokens, reports,
-                                    grant.cached_tokens if reports else 0)  # fmt: skip
+                                    grant.cached_tokens if reports else 0,
+                                    anthropic.thinking_on(body.thinking))  # fmt: skip
 
 
 def _responses_relay(request: web.Request, response: web.StreamResponse | None, body: Any,

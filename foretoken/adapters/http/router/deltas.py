@@ -21,6 +21,9 @@ class Delta:
     tool_calls: list[Any]
     finish_reason: str | None
     choice: Mapping[str, Any]
+    # a reasoning model's thinking (the engine's reasoning parser: vLLM's and SGLang's
+    # ``reasoning_content``, newer vLLM's ``reasoning``)
+    reasoning: str | None = None
 
 
 def deltas(events: list[tuple[bytes, Chunk | None]]) -> Iterator[Delta]:
@@ -38,10 +41,11 @@ def deltas(events: list[tuple[bytes, Chunk | None]]) -> Iterator[Delta]:
             delta: Mapping[str, Any] = given if isinstance(given, dict) else {}
             text = delta.get("content")
             calls = delta.get("tool_calls")
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
             yield Delta(text if isinstance(text, str) and text else None,
                         calls if isinstance(calls, list) else [],
                         c.get("finish_reason") if isinstance(c.get("finish_reason"), str) else None,
-                        c)  # fmt: skip
+                        c, thought if isinstance(thought, str) and thought else None)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,7 +175,7 @@ def test_anthropic_options_that_ask_for_nothing_are_taken(fields: dict[str, Any]
         ({"tool_choice": {"type": "auto"}}, "tool_choice"),  # without tools
         ({"tool_choice": {"type": "tool"}, "tools": [{"name": "t", "input_schema": {}}]},
          "tool_choice.name"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens"),
     ],
 )  # fmt: skip
 def test_anthropic_fields_not_handled_are_refused(fields: dict[str, Any], param: str) -> None:
