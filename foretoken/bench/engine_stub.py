@@ -193,7 +193,8 @@ class StubProtocol(asyncio.Protocol):
         if b"__stub_reasoning__" in body and chat:  # a reasoning model's answer
             said = [_delta(e.model, {"role": "assistant", "reasoning_content": "Let me think."}),
                     _delta(e.model, {"reasoning_content": " Done."}),
-                    _delta(e.model, {"content": "Answer."}), e.answers.chat_end]  # fmt: skip
+                    _delta(e.model, {"content": "Answer."}),
+                    _delta(e.model, {}, finish="stop")]  # fmt: skip
             self.transport.write(e.answers.stream_head + b"".join(said) + e.answers.usage(3, chat)
                                  + e.answers.done)  # fmt: skip
             return True
@@ -270,10 +271,10 @@ def _unchunk(data: bytes) -> bytes:
     return out
 
 
-def _delta(model: str, fields: dict[str, str]) -> bytes:
+def _delta(model: str, fields: dict[str, str], finish: str | None = None) -> bytes:
     """One chat completion event of choice 0 saying ``fields``."""
     doc = {"id": "cmpl-stub", "created": 0, "model": model, "object": "chat.completion.chunk",
-           "choices": [{"index": 0, "delta": fields, "finish_reason": None}]}  # fmt: skip
+           "choices": [{"index": 0, "delta": fields, "finish_reason": finish}]}  # fmt: skip
     return _chunk(b"data: " + json.dumps(doc).encode() + b"\n\n")
 
 

@@ -114,13 +114,14 @@ def test_the_async_client_streams(router: StubRouter) -> None:
     ({"tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
     ({"tool_choice": "required"}, "tool_choice"),  # without tools
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"include": ["file_search_call.results"]}, "include[0]"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
     ({"truncation": "auto"}, "truncation"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
-    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input[0].type"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"seed": 3}, "seed"),
     ({"store": True}, "store"),
@@ -192,6 +193,36 @@ def test_nothing_asked_is_taken(router: StubRouter) -> None:
     for extra in extras:
         body = {"model": MODEL, "input": "x", "max_output_tokens": 1} | extra
         assert client.responses.create(**body).output_text  # type: ignore[call-overload]
+
+
+def test_a_reasoning_models_reasoning_is_a_reasoning_item(router: StubRouter) -> None:
+    """The engine's reasoning_content as a reasoning item before the message, whole and
+    streamed (the SDK's stream accumulator checks the events); reasoning settings reach the
+    engine; an earlier answer's reasoning item sent back is taken."""
+    client = _client(router.url)
+    ask = {"model": MODEL, "input": "__stub_reasoning__",
+           "reasoning": {"effort": "high", "summary": "auto"},
+           "include": ["reasoning.encrypted_content"]}  # fmt: skip
+    r = client.responses.create(**ask)  # type: ignore[call-overload]
+    assert [item.type for item in r.output] == ["reasoning", "message"]
+    thought = r.output[0]
+    assert thought.type == "reasoning" and thought.content is not None
+    assert thought.content[0].text == "Let me think. Done." and thought.summary == []
+    assert r.output_text == "Answer." and r.reasoning is not None
+    assert r.reasoning.effort == "high"
+    with client.responses.stream(**ask) as stream:  # type: ignore[call-overload]
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
+    assert [i.type for i in final.output] == ["reasoning", "message"]
+    assert final.output[0].model_dump(exclude={"id"}) == thought.model_dump(exclude={"id"})
+    assert final.output_text == "Answer."
+    echoed = json.loads(client.responses.create(  # type: ignore[call-overload]
+        model=MODEL, reasoning={"effort": "low"},
+        input=[{"role": "user", "content": "hi"}, thought.model_dump(exclude_none=True),
+               {"role": "user", "content": ECHO}]).output_text)  # fmt: skip
+    assert echoed["reasoning_effort"] == "low"
+    assert [m["role"] for m in echoed["messages"]] == ["user", "user"]
 
 
 def test_instructions_and_a_developer_item_are_one_system_message(router: StubRouter) -> None:

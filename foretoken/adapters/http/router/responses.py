@@ -10,9 +10,12 @@ content as a string or ``input_text`` / ``output_text`` / ``refusal`` parts), th
 ``json_schema`` or ``json_object``: the chat completion's ``response_format``, the engine's
 guided decoding); accepted as nothing to do: ``store: false``, ``service_tier``,
 ``truncation: "disabled"``, ``prompt_cache_key``, ``safety_identifier``,
-``stream_options``. What it cannot honour — hosted tools (web search, file search, …), a
-``previous_response_id`` or ``conversation`` or ``store: true`` (no state kept), reasoning
-settings, images and files, ``truncation: "auto"``, ``text.verbosity``, ``include``,
+``stream_options``; ``reasoning`` (its ``effort`` sent as the chat completion's
+``reasoning_effort``; a ``summary`` taken, none made), ``include:
+["reasoning.encrypted_content"]`` (none made) and an earlier answer's ``reasoning`` items
+(left out of the context). What it cannot honour — hosted tools (web search, file search,
+…), a ``previous_response_id`` or ``conversation`` or ``store: true`` (no state kept),
+images and files, ``truncation: "auto"``, ``text.verbosity``, any other ``include``,
 background mode — is refused with a 400 naming it, never dropped.
 
 The request becomes the chat completion the engine streams (the messages and tools the
@@ -121,10 +124,8 @@ class ResponsesBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 _body = msgspec.json.Decoder(ResponsesBody)
 
 
-def _asks_nothing(name: str, value: Any) -> bool:
-    if value is None or value is False or value == [] or value == 0:
-        return True
-    return name == "reasoning" and value == {}
+def _asks_nothing(value: Any) -> bool:
+    return value is None or value is False or value == [] or value == 0
 
 
 JSON_SCHEMA_KEYS: Final = ("name", "schema", "strict", "description")
@@ -180,9 +181,47 @@ def _texts(content: str | list[Part] | None, where: str) -> str | list[str]:
 
 
 REFUSED: Final = (
-    "previous_response_id", "conversation", "reasoning", "include", "background", "prompt",
-    "top_logprobs", "max_tool_calls",
+    "previous_response_id", "conversation", "background", "prompt", "top_logprobs",
+    "max_tool_calls",
 )  # fmt: skip
+EFFORTS: Final = ("none", "minimal", "low", "medium", "high", "xhigh")
+SUMMARIES: Final = ("auto", "concise", "detailed")
+# what ``include`` may ask for: an encrypted copy of the reasoning to send back (none is
+# made: an earlier answer's reasoning item sent back is left out of the context anyway)
+INCLUDABLE: Final = ("reasoning.encrypted_content",)
+
+
+def _reasoning_effort(value: Any) -> str | None:
+    """``reasoning`` checked: its ``effort`` goes to the engine (``reasoning_effort``: what
+    a reasoning model's chat template reads); a ``summary`` is taken, none is made (no
+    summarizer here: the reasoning item carries the model's reasoning text itself)."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError("reasoning must be an object", param="reasoning")
+    for key, allowed in (("effort", EFFORTS), ("summary", SUMMARIES),
+                         ("generate_summary", SUMMARIES)):  # fmt: skip
+        if value.get(key) is not None and value[key] not in allowed:
+            raise RequestError(f"reasoning.{key} must be one of {', '.join(allowed)}",
+                               param=f"reasoning.{key}")  # fmt: skip
+    for key in value:
+        if key not in ("effort", "summary", "generate_summary"):
+            raise RequestError(f"reasoning.{key} is not supported by this router",
+                               param=f"reasoning.{key}")  # fmt: skip
+    effort = value.get("effort")
+    return effort if isinstance(effort, str) else None
+
+
+def _include(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise RequestError("include must be a list", param="include")
+    for i, name in enumerate(value):
+        if name not in INCLUDABLE:
+            only = ", ".join(INCLUDABLE)
+            raise RequestError(f"include[{i}]: {name!r} is not supported by this router "
+                               f"(only {only})", param=f"include[{i}]")  # fmt: skip
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:
@@ -245,7 +284,7 @@ def _messages(body: ResponsesBody) -> list[dict[str, Any]]:
     model's function calls (the assistant's ``tool_calls``) and their outputs (``tool``
     messages)."""
     for name in REFUSED:
-        if not _asks_nothing(name, getattr(body, name)):
+        if not _asks_nothing(getattr(body, name)):
             raise RequestError(f"{name} is not supported by this router (a stateless, text-only "
                                "Responses API)", param=name)  # fmt: skip
     if body.truncation == "auto":
@@ -254,6 +293,7 @@ def _messages(body: ResponsesBody) -> list[dict[str, Any]]:
     if body.store:
         raise RequestError("store: true is not supported by this router (it keeps no "
                            "responses): send store: false", param="store")  # fmt: skip
+    _include(body.include)
     out: list[dict[str, Any]] = (
         [{"role": "system", "content": body.instructions}] if body.instructions else []
     )
@@ -281,6 +321,8 @@ def _messages(body: ResponsesBody) -> list[dict[str, Any]]:
             out.append({"role": "tool", "tool_call_id": item.call_id,
                         "content": _output_text(item.output, f"{at}.output")})  # fmt: skip
             continue
+        if item.type == "reasoning":
+            continue  # an earlier answer's reasoning: out of the context, as chat templates do
         if item.type not in (None, "message"):
             raise RequestError(f"{at}.type: input items of type {item.type!r} are not "
                                "supported by this router (messages and function calls)",
@@ -322,6 +364,9 @@ def decode_responses(raw: bytes) -> tuple[ResponsesBody, str, bytes, dict[str, A
     structured = response_format(body.text)
     if structured is not None:
         upstream["response_format"] = structured
+    effort = _reasoning_effort(body.reasoning)
+    if effort is not None:
+        upstream["reasoning_effort"] = effort
     sent_as = (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                ("top_p", "top_p"), ("user", "user"), ("cache_salt", "cache_salt"))  # fmt: skip
     for name, sent in sent_as:

@@ -1,9 +1,11 @@
 """The engine's chat completion stream as a Responses API answer (``responses.py``).
 
-Output items open as the engine's deltas come: the assistant's ``message`` at its first
-text, a ``function_call`` at each new tool call (the one before closed first, as OpenAI's
-items follow one another); streamed, each with its events — ``response.output_item.added``,
-``response.content_part.added`` / ``response.output_text.delta`` … ``.done`` for text,
+Output items open as the engine's deltas come: a ``reasoning`` item at a reasoning model's
+reasoning (the engine's ``reasoning_content`` / ``reasoning``), the assistant's ``message``
+at its first text, a ``function_call`` at each new tool call (the one before closed first,
+as OpenAI's items follow one another); streamed, each with its events —
+``response.output_item.added``, ``response.reasoning_text.delta`` … ``.done`` for
+reasoning, ``response.content_part.added`` / ``response.output_text.delta`` … ``.done`` for text,
 ``response.function_call_arguments.delta`` … ``.done`` for a call, then
 ``response.output_item.done`` — between ``response.created`` / ``response.in_progress`` and
 ``response.completed`` (``response.incomplete`` when the length or a content filter cut it,
@@ -55,6 +57,11 @@ class ResponsesRelay:
 
     def _doc(self, item: dict[str, Any], status: str) -> dict[str, Any]:
         """An item as the API shows it (``status``: in_progress, completed, incomplete)."""
+        if item["type"] == "reasoning":
+            content = [] if status == "in_progress" else [
+                {"type": "reasoning_text", "text": "".join(item["text"])}]  # fmt: skip
+            return {"type": "reasoning", "id": item["id"], "summary": [], "content": content,
+                    "encrypted_content": None, "status": status}  # fmt: skip
         if item["type"] == "message":
             content = [] if status == "in_progress" else [self._part("".join(item["text"]))]
             return {"type": "message", "id": item["id"], "status": status,
@@ -88,7 +95,10 @@ class ResponsesRelay:
         if item is None or self.response is None:
             return []
         at = {"item_id": item["id"], "output_index": item["index"]}
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            out = [self._event("response.reasoning_text.done", {
+                **at, "content_index": 0, "text": "".join(item["text"])})]  # fmt: skip
+        elif item["type"] == "message":
             text = "".join(item["text"])
             out = [
                 self._event(
@@ -118,6 +128,21 @@ class ResponsesRelay:
             out.append(self._event("response.output_text.delta", {
                 "item_id": item["id"], "output_index": item["index"], "content_index": 0,
                 "delta": piece, "logprobs": []}))  # fmt: skip
+        return out
+
+    def _reasoning(self, piece: str) -> list[bytes]:
+        """A reasoning model's reasoning (the engine's reasoning parser) as a ``reasoning``
+        item: a new one after any other item (reasoning may come between tool calls)."""
+        out: list[bytes] = []
+        item = self.open_item
+        if item is None or item["type"] != "reasoning":
+            item = {"type": "reasoning", "id": f"rs_{self.rid}_{len(self.items)}", "text": []}
+            out += self._start(item)
+        item["text"].append(piece)
+        if self.response is not None:
+            out.append(self._event("response.reasoning_text.delta", {
+                "item_id": item["id"], "output_index": item["index"], "content_index": 0,
+                "delta": piece}))  # fmt: skip
         return out
 
     def _tool_calls(self, calls: list[Any]) -> list[bytes]:
@@ -158,7 +183,8 @@ class ResponsesRelay:
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
             "model": b.model, "output": output,
             "parallel_tool_calls": b.parallel_tool_calls is not False,
-            "previous_response_id": None, "reasoning": None, "store": False,
+            "previous_response_id": None, "store": False,
+            "reasoning": b.reasoning if isinstance(b.reasoning, dict) and b.reasoning else None,
             "temperature": b.temperature, "top_p": b.top_p, "text": _text_echo(b.text),
             "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
             "tools": b.tools or [], "truncation": "disabled", "user": b.user,
@@ -187,6 +213,8 @@ class ResponsesRelay:
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
         parts: list[bytes] = []
         for d in deltas(events):
+            if d.reasoning:
+                parts += self._reasoning(d.reasoning)
             if d.text:
                 parts += self._text(d.text)
             if d.tool_calls:
