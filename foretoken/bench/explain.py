@@ -44,7 +44,7 @@ from foretoken.sim.traced import TracedEngine
 PARTS = ("ttft", "queue_wait", "own", "load", "prefill_ahead", "decode", "overhead", "other")
 QUEUE_PARTS = ("residual", "overhead", "decode", "prefill_ahead")
 EXPLAIN_LIMIT = 500
-CALIBRATION_STEPS = 4
+CALIBRATION_STEPS = 5  # as the quick matrix: --limit 400 explains one of its cells
 PROFILE_REQUESTS = 48
 
 

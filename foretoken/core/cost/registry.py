@@ -8,7 +8,8 @@
 **Pooled priors.** A worker that has no fit of its own yet (a cold start on a worker that
 is never idle gets no cold sample for a long time) predicts with the median of the fitted
 values of its closest peers — the workers registered with the same configuration hash, else
-the same engine and version, else the same model — instead of the conservative default; its
+its own previous configuration (same model), else the same engine and version, else the same
+model — instead of the conservative default; its
 own fit takes over as soon as it has one. Such a value is still flagged ``default``.
 A group's median is computed once per change of the registry (``_generation``, bumped by every
 observation, registration and restore; a pooled step cost once per decode sample,
@@ -45,6 +46,8 @@ from foretoken.core.types import WorkerId, WorkerProfile
 V = TypeVar("V", PrefillCurve, StepCost)
 # Peers' step costs are ranked by a step with this many sequences decoding (_median_step).
 POOL_RUNNING: Final = 16.0
+# Two prior curves are compared by their cost of a prompt of this many tokens.
+POOL_TOKENS: Final = 8192.0
 
 
 @dataclass(slots=True)
@@ -164,11 +167,13 @@ class FitRegistry:
         self._registered: set[WorkerId] = set()
         # (model, engine, engine version) of each registered worker, for pooled priors
         self._kind: dict[WorkerId, tuple[str, str, str]] = {}
+        # each worker's configuration before its current one (same model), a pooled prior
+        self._previous: dict[WorkerId, str] = {}
         self._clock = 0
         # pooled medians per (kind of value, peer group), valid while _generation is unchanged
         self._generation = 0
         self._step_generation = 0  # … and by every decode sample, registration and restore
-        self._pool_cache: dict[tuple[object, ...], tuple[int, tuple[float, float] | None]] = {}
+        self._pool_cache: dict[tuple[object, ...], tuple[int, tuple[float, float] | None, int]] = {}
         # per worker: its answered (curve, step cost) and what they were answered at
         self._answers: dict[WorkerId, _Answer] = {}
         self._changes: dict[WorkerId, int] = {}  # observations per worker
@@ -185,10 +190,16 @@ class FitRegistry:
             for key in [key for key in self._fits if key[0] == worker]:
                 del self._fits[key]
             self._current.pop(worker, None)
+            self._previous.pop(worker, None)
             self._registered.discard(worker)
             self._kind.pop(worker, None)
             return
         self._registered.add(worker)
+        before, kind = self._current.get(worker), self._kind.get(worker)
+        if kind is not None and kind[0] != registration.model:
+            self._previous.pop(worker, None)  # another model's fits are no prior
+        elif before is not None and before != registration.config_hash:
+            self._previous[worker] = before
         self._kind[worker] = (registration.model, registration.engine, registration.engine_version)
         self._current[worker] = registration.config_hash
         self._entry(worker, registration.config_hash)
@@ -420,16 +431,36 @@ class FitRegistry:
         generation = self._step_generation if what == "step" else self._generation
         key = (what, kind, self._current.get(worker_id))
         known = self._pool_cache.get(key)
-        if known is not None and known[0] == generation:
-            return known[1]
-        value: tuple[float, float] | None = None
-        for group in self.peers(worker_id):
-            fitted = [v for v in map(own, group) if not v.default]
-            if fitted:
-                value = combine(fitted)
-                break
-        self._pool_cache[key] = (generation, value)
-        return value
+        if known is None or known[0] != generation:
+            known = (generation, None, -1)
+            for index, group in enumerate(self.peers(worker_id)):
+                fitted = [v for v in map(own, group) if not v.default]
+                if fitted:
+                    known = (generation, combine(fitted), index)
+                    break
+            self._pool_cache[key] = known
+        previous = None if known[2] == 0 else self._previous_value(worker_id, what, combine)
+        if previous is None or known[1] is None:
+            return previous or known[1]
+        return max(previous, known[1], key=_step_cost if what == "step" else _prefill_cost)
+
+    def _previous_value(
+        self, worker_id: WorkerId, what: str, combine: Callable[[list[V]], tuple[float, float]]
+    ) -> tuple[float, float] | None:
+        """The fitted value of the worker's previous configuration (same model). After
+        peers of the very same configuration, a new configuration's prior is the slower of
+        it and the other peers' (an upgrade moves a worker's speed by tens of percent, the
+        model's other workers may be other GPUs; priced at the faster one, a worker that
+        is slow draws a burst: random-7, an upgraded worker 1.35x slower than before took
+        the median of 3.8x faster peers and drew a burst that waited 5 s beyond its
+        predictions — too slow a prior only sends it fewer requests until its first
+        samples scale the prior)."""
+        config = self._previous.get(worker_id)
+        fits = None if config is None else self._fits.get((worker_id, config))
+        if fits is None:
+            return None
+        value = fits.step.cost if what == "step" else fits.curve_with(fits.step.cost)
+        return None if value.default else combine([value])  # type: ignore[list-item]
 
     def describe(self) -> list[dict[str, object]]:
         """One row per (worker, configuration), newest configuration first, for a web page."""
@@ -479,6 +510,15 @@ class FitRegistry:
         self._current = {WorkerId(w): h for w, h in snap.current.items()}
         self._registered = {WorkerId(w) for w in snap.registered}
         self._clock = snap.clock
+
+
+def _prefill_cost(curve: tuple[float, float]) -> float:
+    """A prior curve's cost of a mid-sized prompt (which of two priors is slower)."""
+    return curve[0] * POOL_TOKENS + curve[1] * POOL_TOKENS * POOL_TOKENS
+
+
+def _step_cost(step: tuple[float, float]) -> float:
+    return step[0] + step[1] * POOL_RUNNING
 
 
 def _median_curve(fitted: list[PrefillCurve]) -> tuple[float, float]:
