@@ -378,26 +378,28 @@ def _check_known(tree: dict[str, Any], kind: Any, prefix: str = "") -> None:
             _check_known(value, sub, f"{path}.")
 
 
-def _is_field(dotted: str) -> bool:
+def _field_type(dotted: str) -> Any:
+    """The type of the setting at ``dotted`` (None: no such setting)."""
     kind: Any = Settings
     for part in dotted.split("."):
         fields = _fields_of(kind)
         if fields is None or part not in fields:
-            return False
+            return None
         kind = fields[part]
-    return True
+    return kind
+
+
+def _is_field(dotted: str) -> bool:
+    return _field_type(dotted) is not None
 
 
 def _env_value(dotted: str, value: str) -> Any:
     """A variable's text as the setting takes it: a list setting is comma-separated."""
     import typing
 
-    kind: Any = Settings
-    for part in dotted.split("."):
-        fields = _fields_of(kind)
-        if fields is None or part not in fields:
-            return value
-        kind = fields[part]
+    kind = _field_type(dotted)
+    if kind is None:
+        return value
     if typing.get_origin(kind) in (tuple, list):
         return [item.strip() for item in value.split(",") if item.strip()]
     return value

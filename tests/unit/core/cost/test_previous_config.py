@@ -22,12 +22,18 @@ def _fit(registry: FitRegistry, worker: WorkerId, config: str, curve: tuple[floa
         assert registry.observe_cold(worker, config, n, s, float(i))
 
 
-def test_an_upgraded_worker_starts_from_its_own_previous_fit_not_from_faster_peers() -> None:
+def _fitted(own: tuple[float, float], peer: tuple[float, float]) -> FitRegistry:
+    """The upgraded worker fitted on its first configuration, beside a fitted peer."""
     registry = FitRegistry()
     registry.apply_registration(registration(UPGRADED, "v1"))
     registry.apply_registration(registration(PEER, "peer-gpu"))
-    _fit(registry, UPGRADED, "v1", SLOW)
-    _fit(registry, PEER, "peer-gpu", FAST)
+    _fit(registry, UPGRADED, "v1", own)
+    _fit(registry, PEER, "peer-gpu", peer)
+    return registry
+
+
+def test_an_upgraded_worker_starts_from_its_own_previous_fit_not_from_faster_peers() -> None:
+    registry = _fitted(SLOW, FAST)
     before = registry.curve(UPGRADED)
     assert not before.default
     registry.apply_registration(registration(UPGRADED, "v2"))  # the upgrade: no samples yet
@@ -45,11 +51,7 @@ def test_an_upgraded_worker_starts_from_its_own_previous_fit_not_from_faster_pee
 
 
 def test_another_model_or_a_removal_forgets_the_previous_configuration() -> None:
-    registry = FitRegistry()
-    registry.apply_registration(registration(UPGRADED, "v1"))
-    registry.apply_registration(registration(PEER, "peer-gpu"))
-    _fit(registry, UPGRADED, "v1", SLOW)
-    _fit(registry, PEER, "peer-gpu", FAST)
+    registry = _fitted(SLOW, FAST)
     other_model = msgspec.structs.replace(registration(UPGRADED, "m2"), model=ModelName("m2"))
     registry.apply_registration(other_model)
     assert registry.curve(UPGRADED) == registry.own_curve(UPGRADED)  # no peer, no prior
@@ -63,10 +65,6 @@ def test_another_model_or_a_removal_forgets_the_previous_configuration() -> None
 def test_of_its_previous_fit_and_its_peers_the_slower_is_the_prior() -> None:
     """Priced at the faster of two guesses, a slow worker draws a burst; priced at the
     slower, a fast one gets fewer requests until its first samples scale the prior."""
-    registry = FitRegistry()
-    registry.apply_registration(registration(UPGRADED, "v1"))
-    registry.apply_registration(registration(PEER, "peer-gpu"))
-    _fit(registry, UPGRADED, "v1", FAST)
-    _fit(registry, PEER, "peer-gpu", SLOW)
+    registry = _fitted(FAST, SLOW)
     registry.apply_registration(registration(UPGRADED, "v2"))
     assert registry.curve(UPGRADED).a == pytest.approx(registry.own_curve(PEER).a)
