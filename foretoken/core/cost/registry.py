@@ -8,9 +8,11 @@
 **Pooled priors.** A worker that has no fit of its own yet (a cold start on a worker that
 is never idle gets no cold sample for a long time) predicts with the median of the fitted
 values of its closest peers — the workers registered with the same configuration hash, else
-its own previous configuration (same model), else the same engine and version, else the same
-model — instead of the conservative default; its
-own fit takes over as soon as it has one. Such a value is still flagged ``default``.
+the same engine and version, else the same model — instead of the conservative default; a
+worker whose configuration changed (an upgrade) takes, unless peers of its very
+configuration are fitted, the slower of that and its previous configuration's fit (same
+model: :meth:`FitRegistry._previous_value`). Its own fit takes over as soon as it has one.
+Such a value is still flagged ``default``.
 A group's median is computed once per change of the registry (``_generation``, bumped by every
 observation, registration and restore; a pooled step cost once per decode sample,
 registration or restore) and shared by every worker of the group. Each worker's
