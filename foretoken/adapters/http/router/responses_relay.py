@@ -118,31 +118,27 @@ class ResponsesRelay:
         return out
 
     def _text(self, piece: str) -> list[bytes]:
-        out: list[bytes] = []
-        item = self.open_item
-        if item is None or item["type"] != "message":
-            item = {"type": "message", "id": f"msg_{self.rid}_{len(self.items)}", "text": []}
-            out += self._start(item)
-        item["text"].append(piece)
-        if self.response is not None:
-            out.append(self._event("response.output_text.delta", {
-                "item_id": item["id"], "output_index": item["index"], "content_index": 0,
-                "delta": piece, "logprobs": []}))  # fmt: skip
-        return out
+        return self._piece("message", "msg", piece, "response.output_text.delta", logprobs=[])
 
     def _reasoning(self, piece: str) -> list[bytes]:
         """A reasoning model's reasoning (the engine's reasoning parser) as a ``reasoning``
         item: a new one after any other item (reasoning may come between tool calls)."""
+        return self._piece("reasoning", "rs", piece, "response.reasoning_text.delta")
+
+    def _piece(self, kind: str, prefix: str, piece: str, event: str,
+               **extra: Any) -> list[bytes]:  # fmt: skip
+        """One piece of a text item of ``kind`` (opened if another item is open); its
+        delta event, streaming."""
         out: list[bytes] = []
         item = self.open_item
-        if item is None or item["type"] != "reasoning":
-            item = {"type": "reasoning", "id": f"rs_{self.rid}_{len(self.items)}", "text": []}
+        if item is None or item["type"] != kind:
+            item = {"type": kind, "id": f"{prefix}_{self.rid}_{len(self.items)}", "text": []}
             out += self._start(item)
         item["text"].append(piece)
         if self.response is not None:
-            out.append(self._event("response.reasoning_text.delta", {
+            out.append(self._event(event, {
                 "item_id": item["id"], "output_index": item["index"], "content_index": 0,
-                "delta": piece}))  # fmt: skip
+                "delta": piece, **extra}))  # fmt: skip
         return out
 
     def _tool_calls(self, calls: list[Any]) -> list[bytes]:
