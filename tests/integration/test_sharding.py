@@ -163,15 +163,18 @@ def test_each_instance_holds_its_model_and_answers_for_both(sharded: Any) -> Non
     models = [_model_on(owned[0], 4, "a"), _model_on(owned[1], 4, "b")]
     asyncio.run(_publish(settings, models))
     deadline = time.monotonic() + 60
-    while True:  # each instance learns its own model's workers and blocks
+    while True:  # each instance learns its own model's workers and blocks (registrations
         mem = [get_json(f"{u}/v1/stats")["memory"]["index_models"] for u in urls]
-        if all(m.get(models[i], {}).get("blocks", 0) > 0 for i, m in enumerate(mem)):
+        if all(  # and KV events come on two topics: either may be read first)
+            m.get(models[i], {}).get("blocks", 0) > 0
+            and m[models[i]]["workers"] == WORKERS_PER_MODEL
+            for i, m in enumerate(mem)
+        ):
             break
         assert time.monotonic() < deadline, mem
         time.sleep(0.5)
     for i, m in enumerate(mem):  # its memory says so: only its model's index
         assert set(m) == {models[i]}, (i, m)
-        assert m[models[i]]["workers"] == WORKERS_PER_MODEL
     workers = {m: {f"{m}-w{i}" for i in range(WORKERS_PER_MODEL)} for m in models}
     for n, url in enumerate(urls):  # either instance answers for both models (a non-owner
         for model in models:  # forwards to the owner)
