@@ -156,6 +156,9 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     # fit router.max_body_bytes (checked). max_tokens / max_completion_tokens at most this.
     max_prompt_tokens: Positive = 2 * 1024 * 1024
     max_output_tokens: Positive = 1024 * 1024
+    # A /v1/completions prompt that is a batch (a list of prompts): each prompt is routed,
+    # measured and graded as its own request; more prompts than this in one body get a 400.
+    max_batch_prompts: Positive = 256
     # Bodies of at least this many bytes are decoded, and texts of at least this many
     # characters tokenized, in a worker thread instead of on the event loop.
     decode_off_loop_bytes: Count = 1024 * 1024

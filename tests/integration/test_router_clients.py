@@ -219,6 +219,9 @@ def test_429s_tell_the_sdks_when_to_retry(
         assert ainfo.value.response.headers["retry-after"] == "1"
         metrics = urllib.request.urlopen(r.url + "/metrics", timeout=5).read().decode()
         assert 'foretoken_router_requests_total{outcome="rejected"} 3.0' in metrics
+        with pytest.raises(openai.RateLimitError) as info:  # a batch: turned away as one
+            _openai(r).completions.create(model=MODEL, prompt=["x", "y"], max_tokens=1)
+        assert info.value.response.headers["retry-after"] == "1"
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -235,7 +238,8 @@ BAD = [
     (b'{"model":"stub-model","prompt":"x","prefer_cache_hit":"no"}', "prefer_cache_hit"),
     (b'{"model":"stub-model","prompt":[-1]}', "prompt[0]"),
     (b'{"model":"stub-model","prompt":[4294967296]}', "prompt[0]"),
-    (b'{"model":"stub-model","prompt":["a","b"]}', "prompt"),
+    (b'{"model":"stub-model","prompt":["a",""]}', "prompt[1]"),
+    (b'{"model":"stub-model","prompt":[1,[2]]}', "prompt[0]"),
     (b'{"model":"stub-model","prompt":"x","stream":true,"stream_options":5}', "stream_options"),
     (
         b'{"model":"stub-model","prompt":"x","stream_options":{"include_usage":true}}',

@@ -130,12 +130,45 @@ def test_completion_prompts_in_every_shape(router: StubRouter) -> None:
     ).choices[0].text)  # fmt: skip
     assert sent["prompt"] == ECHO and sent["echo"] is True and sent["logprobs"] == 1
     assert sent["suffix"] == "!" and sent["best_of"] == 1
-    for bad, param in (([[1, 2], [3]], "prompt"), (["a", "b"], "prompt")):
+    for bad, param in (([[1, 2], []], "prompt[1]"), (["a", ""], "prompt[1]")):
         with pytest.raises(openai.BadRequestError) as info:
             c.completions.create(model=MODEL, prompt=bad, max_tokens=1)
         assert info.value.body["param"] == param  # type: ignore[index]
     with pytest.raises(openai.BadRequestError, match="best_of"):
         c.completions.create(model=MODEL, prompt="x", max_tokens=1, best_of=3)
+
+
+def test_a_batch_of_prompts_is_answered_as_openai_answers_it(router: StubRouter) -> None:
+    """Each prompt goes to an engine as its own request; the answer has prompt i's n choices
+    at i·n …, the usage summed; streamed, every choice's events and one usage event."""
+    c = _openai(router.url)
+    reply = c.completions.create(model=MODEL, prompt=[ECHO + " one", ECHO, ECHO + " two"],
+                                 max_tokens=2, n=2)  # fmt: skip
+    assert [ch.index for ch in reply.choices] == list(range(6))
+    assert _sent(reply.choices[0].text)["prompt"] == ECHO + " one"  # its own prompt
+    assert _sent(reply.choices[4].text)["prompt"] == ECHO + " two"
+    assert _sent(reply.choices[2].text)["prompt"] == ECHO
+    two = c.completions.create(model=MODEL, prompt=[[16, 17], [18]], max_tokens=3)
+    assert [ch.text for ch in two.choices] == [" tok tok tok"] * 2
+    assert two.usage is not None and two.usage.completion_tokens == 6  # summed
+    texts: dict[int, str] = {}
+    usages = []
+    for chunk in c.completions.create(
+        model=MODEL,
+        prompt=["a", "b", "c"],
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
+    assert texts == {0: " tok tok", 1: " tok tok", 2: " tok tok"}
+    assert len(usages) == 1 and usages[0].completion_tokens == 6
+    raw = httpx.post(router.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": ["x"] * 257, "max_tokens": 1})  # fmt: skip
+    assert raw.status_code == 400 and "max_batch_prompts" in raw.json()["error"]["message"]
 
 
 def test_nulls_where_openai_takes_them(router: StubRouter) -> None:
@@ -461,6 +494,9 @@ def test_the_sdks_against_the_simulated_fleet(fleet_router: tuple[str, str]) -> 
     assert (usage.prompt_tokens_details.cached_tokens or 0) > 0  # the same engine's cache
     assert again[0].choices[0].delta.role == "assistant"
     assert c.completions.create(model=model, prompt=[[5, 6, 7, 8]], max_tokens=2).choices
+    batch = c.completions.create(model=model, prompt=["word " * 300, [5, 6, 7, 8]], max_tokens=2)
+    assert [ch.index for ch in batch.choices] == [0, 1] and batch.usage is not None
+    assert batch.usage.completion_tokens == 4 and batch.usage.prompt_tokens > 300
     a = _anthropic(url)
     m = a.messages.create(model=model, max_tokens=2, system=messages[0]["content"],
                           messages=[{"role": "user", "content": "hi"}])  # fmt: skip

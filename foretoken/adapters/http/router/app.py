@@ -35,7 +35,14 @@ from prometheus_client import generate_latest
 
 from foretoken.adapters.engines.engines_file import EngineConfig
 from foretoken.adapters.heap import freeze_startup_heap
-from foretoken.adapters.http.router import anthropic, edge, errors, responses, responses_relay
+from foretoken.adapters.http.router import (
+    anthropic,
+    batch,
+    edge,
+    errors,
+    responses,
+    responses_relay,
+)
 from foretoken.adapters.http.router.path import (
     SSE_HEADERS,
     STATE,
@@ -77,6 +84,8 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
         d = await off_loop(state, len(raw), decode_openai, raw, chat,
                            state.settings.router.max_output_tokens)  # fmt: skip
         check_model(state, d.body.model)
+        if d.batch:  # several prompts: each routed as its own request
+            return await batch.completions(request, state, d, arrived)
         text = (await state.tokenizers.chat_text(d.body.model, d.text or "", d.json_fields,
                                                  len(raw)) if chat else d.text)  # fmt: skip
         tokens = await tokens_of(state, d.body.model, text, d.token_ids,

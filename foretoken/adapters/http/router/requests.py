@@ -11,9 +11,10 @@ second time as ``{key: msgspec.Raw}`` (each value kept as its original bytes, so
 prompt is copied, never re-serialized), minus foretoken's own fields, with ``stream`` on and
 usage asked for (the router measures the first token and reads the usage chunk; the client's
 other ``stream_options`` keys are kept). Fields the router cannot honour while streaming from
-the engine (``best_of`` ≠ ``n``, ``use_beam_search``) and a batch of several prompts are
-refused with a 400 that says why, never dropped. A batch of one (``["text"]``, ``[[ids]]``:
-lm-eval's shape) reaches the engine as its one prompt. ``null`` is taken where OpenAI's API
+the engine (``best_of`` ≠ ``n``, ``use_beam_search``) are refused with a 400 that says why,
+never dropped. A batch of one (``["text"]``, ``[[ids]]``: lm-eval's shape) reaches the engine
+as its one prompt; a batch of several is split (:attr:`Decoded.batch`: one engine body per
+prompt, each routed as its own request by ``batch.py``). ``null`` is taken where OpenAI's API
 takes it (``n``, ``stream``, ``echo``, …: the default). Chat content parts other than text
 (images, audio) reach the engine as sent; the router routes on the text the engine's
 template makes of the messages.
@@ -164,6 +165,9 @@ class Decoded:
     upstream: bytes
     wants_usage: bool
     fields: dict[str, msgspec.Raw]
+    # a completion prompt that is a batch of several: each prompt's text or token ids and
+    # the engine's body for it (the client's fields with that prompt); empty otherwise
+    batch: tuple[tuple[str | None, np.ndarray | None, bytes], ...] = ()
 
     @property
     def special_tokens(self) -> bool:
@@ -188,13 +192,24 @@ def decode_openai(raw: bytes, chat: bool, max_output_tokens: int) -> Decoded:
         fields = _raw.decode(raw)
         given = fields.get("stream_options")  # its keys as sent (a raw value is not checked)
         options = _raw_options.decode(given) if given is not None else None
-        if isinstance(body, CompletionBody) and _batch_of_one(body.prompt):
-            fields["prompt"] = _raw_list.decode(fields["prompt"])[0]  # the engine gets it
+        pieces = (_raw_list.decode(fields["prompt"])
+                  if isinstance(body, CompletionBody) and isinstance(body.prompt, list)
+                  and not _token_ids(body.prompt) else [])  # fmt: skip
+        if len(pieces) == 1:
+            fields["prompt"] = pieces[0]  # a batch of one: the engine gets its prompt
     except (msgspec.DecodeError, RecursionError) as exc:
         raise json_error(exc, raw) from exc
     _check_common(body, max_output_tokens)
-    text, ids = (_chat_text(body), None) if isinstance(body, ChatBody) else _prompt(body)
     usage = body.stream_options is not None and bool(body.stream_options.include_usage)
+    if len(pieces) > 1:
+        assert isinstance(body, CompletionBody) and isinstance(body.prompt, list)
+        batch = tuple(
+            (*_one_prompt(p, f"prompt[{i}]"), upstream_body(fields | {"prompt": raw}, options))
+            for i, (p, raw) in enumerate(zip(body.prompt, pieces, strict=True))
+        )
+        return Decoded(body=body, chat=chat, text=None, token_ids=None, upstream=b"",
+                       wants_usage=usage, fields=fields, batch=batch)  # fmt: skip
+    text, ids = (_chat_text(body), None) if isinstance(body, ChatBody) else _prompt(body)
     upstream = upstream_body(fields, options)
     return Decoded(body=body, chat=chat, text=text, token_ids=ids, upstream=upstream,
                    wants_usage=usage, fields=fields)  # fmt: skip
@@ -232,27 +247,32 @@ def _check_common(body: Body, max_output_tokens: int) -> None:
                                "(router.max_output_tokens)", param=name)  # fmt: skip
 
 
-def _batch_of_one(prompt: str | list[Any]) -> bool:
-    """A list holding one string or one list of token ids (lm-eval sends ``[[ids]]``)."""
-    return isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int)
+def _token_ids(prompt: list[Any]) -> bool:
+    """Whether a list prompt is one prompt's token ids (else a batch of prompts)."""
+    return bool(prompt) and all(type(t) is int for t in prompt)
 
 
 def _prompt(body: CompletionBody) -> tuple[str | None, np.ndarray | None]:
     prompt: str | list[Any] = body.prompt
-    if _batch_of_one(prompt):
-        prompt = prompt[0]  # a batch of one: a string or a list of token ids
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        return _one_prompt(prompt[0], "prompt")  # a batch of one: a string or token ids
+    if isinstance(prompt, list) and not prompt:
+        raise RequestError("prompt must not be empty", param="prompt")
+    return _one_prompt(prompt, "prompt")
+
+
+def _one_prompt(prompt: Any, param: str) -> tuple[str | None, np.ndarray | None]:
+    """One prompt of a request (``param`` names it): a non-empty text or token-id list."""
     if isinstance(prompt, str):
         if not prompt:
-            raise RequestError("prompt must not be empty", param="prompt")
+            raise RequestError(f"{param} must not be empty", param=param)
         return prompt, None
-    if not prompt:
-        raise RequestError("prompt must not be empty", param="prompt")
-    if all(type(t) is int for t in prompt):
+    if isinstance(prompt, list) and _token_ids(prompt):
         return None, np.asarray(prompt, dtype=np.uint32)
-    raise RequestError(
-        "prompt as a batch (a list of several strings or token-id lists) is not supported by "
-        "this router: send one request per prompt", param="prompt",
-    )  # fmt: skip
+    if isinstance(prompt, list) and not prompt:
+        raise RequestError(f"{param} must not be empty", param=param)
+    raise RequestError(f"{param} must be a string or a list of token ids (a batch is a list "
+                       "of such prompts)", param=param)  # fmt: skip
 
 
 def _chat_text(body: ChatBody) -> str:

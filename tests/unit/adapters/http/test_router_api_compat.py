@@ -1,6 +1,7 @@
 """The router's compatibility with what the official openai and anthropic SDKs and the
 benchmark tools send, without a server: nulls where OpenAI's API takes them, stream options
-kept, a batch of one (lm-eval's ``[[ids]]``) sent as its prompt, text parts without text
+kept, a batch of one (lm-eval's ``[[ids]]``) sent as its prompt and a batch of several
+as one engine body per prompt, text parts without text
 refused, Anthropic fields that are not handled refused (never dropped) and the ones that ask
 for nothing taken; the role on every choice's first streamed delta, the usage's cached
 tokens, an assembled answer that keeps what the engine said, an engine's refusal in the
@@ -73,10 +74,27 @@ def test_a_batch_of_one_reaches_the_engine_as_its_prompt(prompt: Any, sent: Any)
     assert up["prompt"] == sent and up["echo"] is True and up["logprobs"] == 1
 
 
-def test_a_batch_of_several_prompts_is_refused() -> None:
+def test_a_batch_of_several_prompts_is_one_engine_body_per_prompt() -> None:
+    raw = msgspec.json.encode({"model": "m", "prompt": ["hi", [5, 6], "yo"], "max_tokens": 2,
+                               "n": 2, "logprobs": 1, "foo": {"bar": 1}})  # fmt: skip
+    d = decode_openai(raw, chat=False, max_output_tokens=LIMIT)
+    assert [(t, None if i is None else i.tolist()) for t, i, _ in d.batch] == [
+        ("hi", None), (None, [5, 6]), ("yo", None)]  # fmt: skip
+    for (_, _, body), prompt in zip(d.batch, ["hi", [5, 6], "yo"], strict=True):
+        up = json.loads(body)  # the client's fields, with this one prompt, streaming
+        assert up["prompt"] == prompt and up["stream"] is True and up["n"] == 2
+        assert up["logprobs"] == 1 and up["foo"] == {"bar": 1} and up["max_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [(["a", ""], "prompt[1]"), ([1, [2]], "prompt[0]"), ([[1], []], "prompt[1]"), ([], "prompt")],
+)
+def test_a_bad_prompt_of_a_batch_is_named(prompt: Any, param: str) -> None:
     with pytest.raises(RequestError) as info:
-        decode_openai(b'{"model":"m","prompt":[[1],[2]]}', chat=False, max_output_tokens=LIMIT)
-    assert info.value.param == "prompt" and "batch" in info.value.message
+        decode_openai(msgspec.json.encode({"model": "m", "prompt": prompt}), chat=False,
+                      max_output_tokens=LIMIT)  # fmt: skip
+    assert info.value.param == param, info.value.message
 
 
 def test_chat_fields_reach_the_engine_untouched() -> None:
