@@ -7,7 +7,8 @@ for, and ``[DONE]``; or, without ``"stream": true``, one JSON answer after the s
 No model, no tokenizer, no JSON parsing: the chunks are pre-encoded bytes written from timer
 callbacks of a uvloop loop, on a bare asyncio protocol (HTTP/1.1 keep-alive, chunked), so
 one process serves several ports (one per fake engine) at a fraction of a core. Also
-``GET /health``, ``/healthz``, ``/v1/models``, ``/metrics``.
+``GET /health``, ``/healthz``, ``/v1/models``, ``/metrics``; a ``POST`` to any other path
+(embeddings, tokenize, …) is answered with what it got: its path, the port, the body.
 
 For the tests, a body holding one of these markers changes the answer: ``__stub_refuse__``
 (a 400 with an OpenAI error body), ``__stub_error_event__`` (an SSE error event after the first
@@ -97,7 +98,8 @@ class Answers:
 
 
 def json_response(status: int, body: bytes) -> bytes:
-    reason = {200: b"OK", 404: b"Not Found", 429: b"Too Many Requests"}.get(status, b"OK")
+    reasons = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 429: b"Too Many Requests"}
+    reason = reasons.get(status, b"OK")
     return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
             % (status, reason, len(body), body))  # fmt: skip
 
@@ -163,6 +165,12 @@ class StubProtocol(asyncio.Protocol):
         elif method == b"GET" and path == b"/v1/models":
             listing = b'{"object":"list","data":[{"id":"%s","object":"model"}]}' % e.model.encode()
             self.transport.write(json_response(200, listing))
+        elif method == b"POST":  # another engine endpoint (embeddings, tokenize, …): what
+            # it got, and from which engine (the router passes these through untouched)
+            status = 400 if b"__stub_refuse__" in body else 200
+            doc = {"stub_path": path.decode(errors="replace"), "stub_port": e.port,
+                   "stub_body": body.decode(errors="replace")}  # fmt: skip
+            self.transport.write(json_response(status, json.dumps(doc).encode()))
         elif method == b"GET" and path == b"/metrics":
             self.transport.write(json_response(200, b"foretoken_stub_requests_total %d\n"
                                                b"foretoken_stub_aborted_total %d\n"
@@ -302,6 +310,7 @@ class StubEngine:
         self.loop, self.model, self.tokens = loop, model, tokens
         self.ttft_s, self.itl_s = ttft_s, itl_s
         self.answers = Answers(model)
+        self.port = 0
         self.served = 0
         self.aborted = 0
 
@@ -330,6 +339,7 @@ async def serve(ports: list[int], model: str, tokens: int, ttft_s: float, itl_s:
     servers = []
     for port in ports:
         engine = StubEngine(loop, model, tokens, ttft_s, itl_s)
+        engine.port = port
         servers.append(await loop.create_server(_factory(engine), host, port, backlog=4096))
     if engines_out is not None:
         tmp = engines_out.with_suffix(".tmp")

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as HFTokenizers
 
 from foretoken.adapters.engines.engines_file import dump_engines, load_engines
 from foretoken.adapters.processes import foretoken_cmd, spawn, stop, wait_http
+from foretoken.bench.engine_stub import engines_file as engines_file_text
 from foretoken.settings import Settings
 from tests.conftest import free_port
 from tests.integration.stub_router import MODEL, StubRouter, stub_engines, stub_router
@@ -177,6 +178,40 @@ def test_nulls_where_openai_takes_them(router: StubRouter) -> None:
     answer = httpx.post(router.url + "/v1/completions", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["text"] == " tok"
+
+
+def test_engine_endpoints_that_generate_nothing_pass_through(
+    router: StubRouter, kafka_settings: Settings, tmp_path: Path
+) -> None:
+    """Embeddings, tokenize, scores …: the body reaches an engine of the model untouched, in
+    turn among idle engines; its answer (status and body) comes back as it is."""
+    body = b'{"model": "stub-model", "input": ["a", "b"], "encoding_format": "float", "x": 1}'
+    seen = []
+    for _ in range(2):
+        r = httpx.post(router.url + "/v1/embeddings", content=body, timeout=30,
+                       headers={"Content-Type": "application/json"})  # fmt: skip
+        assert r.status_code == 200 and r.headers["x-request-id"], r.text
+        got = r.json()
+        assert got["stub_path"] == "/v1/embeddings" and got["stub_body"] == body.decode()
+        seen.append(got["stub_port"])
+    assert len(set(seen)) == 2  # one each
+    for path in ("/tokenize", "/detokenize", "/v1/rerank", "/score", "/pooling", "/classify"):
+        r = httpx.post(router.url + path, json={"prompt": "hi"}, timeout=30)  # no model: the one
+        assert r.status_code == 200 and r.json()["stub_path"] == path, (path, r.text)
+    refused = httpx.post(router.url + "/v1/embeddings", timeout=30,
+                         json={"model": MODEL, "input": "__stub_refuse__"})  # fmt: skip
+    assert refused.status_code == 400 and "__stub_refuse__" in refused.json()["stub_body"]
+    unknown = httpx.post(router.url + "/v1/embeddings", json={"model": "nope"}, timeout=30)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    bad = httpx.post(router.url + "/tokenize", content=b"{", timeout=30,
+                     headers={"Content-Type": "application/json"})  # fmt: skip
+    assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
+    dead = tmp_path / "dead.toml"  # an engine that is not there: a 502 in OpenAI's shape
+    dead.write_text(engines_file_text([free_port()], MODEL))
+    with stub_router(kafka_settings, tmp_path, dead) as down:
+        gone = httpx.post(down.url + "/v1/embeddings", json={"model": MODEL, "input": "a"},
+                          timeout=30)  # fmt: skip
+        assert gone.status_code == 502 and gone.json()["error"]["type"] == "api_error"
 
 
 # ---------------------------------------------------------------------------- Anthropic
@@ -494,6 +529,9 @@ def test_the_sdks_against_the_simulated_fleet(fleet_router: tuple[str, str]) -> 
     assert (usage.prompt_tokens_details.cached_tokens or 0) > 0  # the same engine's cache
     assert again[0].choices[0].delta.role == "assistant"
     assert c.completions.create(model=model, prompt=[[5, 6, 7, 8]], max_tokens=2).choices
+    counted = httpx.post(url + "/tokenize", json={"model": model, "prompt": "word " * 300},
+                         timeout=30).json()  # an engine's own count, passed through  # fmt: skip
+    assert counted["count"] == 300 and len(counted["tokens"]) == 300
     batch = c.completions.create(model=model, prompt=["word " * 300, [5, 6, 7, 8]], max_tokens=2)
     assert [ch.index for ch in batch.choices] == [0, 1] and batch.usage is not None
     assert batch.usage.completion_tokens == 4 and batch.usage.prompt_tokens > 300

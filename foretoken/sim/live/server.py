@@ -264,6 +264,30 @@ def make_app(engine: SimEngine) -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
         return await _complete(engine, request, chat=True)
 
+    async def tokenize(request: web.Request) -> web.Response:  # vLLM's shape
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            ids = _prompt_ids(engine, body, chat="messages" in body)
+        except (ValueError, TypeError, json.JSONDecodeError) as exc:
+            return _error(400, str(exc))
+        capacity = engine.spec.kv.gpu_blocks * engine.spec.block_size  # what fits at all
+        return web.json_response({"count": len(ids), "max_model_len": capacity, "tokens": ids,
+                                  "token_strs": None})  # fmt: skip
+
+    async def detokenize(request: web.Request) -> web.Response:
+        try:
+            tokens = (await request.json())["tokens"]
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise ValueError("tokens must be a list of token ids")
+        except (ValueError, TypeError, KeyError, json.JSONDecodeError) as exc:
+            return _error(400, f"bad body: {exc}")
+        # the simulator's tokenizer cannot invert its hashes: stand-ins, as it generates
+        return web.json_response({"prompt": "".join(map(engine.tokenizer.decode_one, tokens))})
+
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/health", healthz)
     app.router.add_get("/metrics", metrics)

@@ -2,14 +2,15 @@
 
 OpenAI (``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
 ``/v1/models[/{id}]``) and Anthropic (``/v1/messages``, ``/v1/messages/count_tokens``)
-surfaces; ``/health``, ``/healthz``, ``/metrics``. Per request: read the body (size limit,
-read timeout), decode it once into typed structs (``requests.py``, ``anthropic.py``,
-``responses.py``; big bodies in a thread), tokenize (long
-texts in a thread), ask the route service (``routing.py``) — or, when it is slow or down,
-decide alone — then either answer 429 at once (``errors.py``) or forward to the chosen engine
-and relay its answer (``proxy.py``). Grants and outcomes go to Kafka through a bounded
-buffer, never on the request path. uvloop; several processes on one port when
-``router.processes`` > 1 (SO_REUSEPORT).
+surfaces; ``/health``, ``/healthz``, ``/metrics``; the engines' endpoints that generate
+nothing (embeddings, scores, tokenize, …) passed through (``passthrough.py``). Per request:
+read the body (size limit, read timeout), decode it once into typed structs
+(``requests.py``, ``anthropic.py``, ``responses.py``; big bodies in a thread; a batch of
+prompts split, ``batch.py``), tokenize (long texts in a thread), ask the route service
+(``routing.py``) — or, when it is slow or down, decide alone — then either answer 429 at
+once (``errors.py``) or forward to the chosen engine and relay its answer (``proxy.py``).
+Grants and outcomes go to Kafka through a bounded buffer, never on the request path.
+uvloop; several processes on one port when ``router.processes`` > 1 (SO_REUSEPORT).
 
 aiohttp rather than FastAPI: the router is a byte-level streaming proxy; aiohttp gives the
 client session and the server in one small dependency that the processor (Faust) already uses.
@@ -40,6 +41,7 @@ from foretoken.adapters.http.router import (
     batch,
     edge,
     errors,
+    passthrough,
     responses,
     responses_relay,
 )
@@ -342,6 +344,7 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
             app.router.add_get(path, handler)  # and HEAD (a load balancer's health probe)
         else:
             app.router.add_route(method, path, handler)
+    passthrough.add_routes(app)  # embeddings, scores, tokenize, …: to an engine, untouched
     return app
 
 
