@@ -3,13 +3,12 @@ unusual-but-valid requests: what each SDK and the benchmark tools send reaches t
 untouched or is refused with a 4xx in the API's own shape, the streamed and whole answers
 have the shapes the SDKs parse, and every error (404, 405, 415, bad JSON, empty body, a
 wrong key) is in the shape of the API called, with a request id. Real router processes and
-broker; the engines are the stub (which can echo the body it got) and, last, the simulated
-fleet (cached tokens in the usage)."""
+broker; the engines are the stub (which can echo the body it got); the simulated fleet's
+are in test_router_sim_fleet.py."""
 
 from __future__ import annotations
 
 import json
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,6 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizers
 
 from foretoken.adapters.engines.engines_file import dump_engines, load_engines
-from foretoken.adapters.processes import foretoken_cmd, spawn, stop, wait_http
 from foretoken.bench.engine_stub import engines_file as engines_file_text
 from foretoken.settings import Settings
 from tests.conftest import free_port
@@ -473,78 +471,3 @@ def test_a_lora_adapter_goes_to_an_engine_that_serves_it(
         with pytest.raises(openai.NotFoundError, match="nope"):
             _openai(r.url).completions.create(model="nope", max_tokens=1, prompt="x")
     assert "Traceback" not in r.log_text()
-
-
-# ---------------------------------------------------------------------------- simulated fleet
-
-
-@pytest.fixture(scope="module")
-def fleet_router(
-    kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str]]:
-    """The small simulated fleet and a router deciding alone (no route service): the
-    fallback sends sequential requests to the same idle engine, so a prompt sent twice hits
-    its prefix cache."""
-    tmp = tmp_path_factory.mktemp("sim")
-    env = {"FORETOKEN_TOPIC_PREFIX": kafka_settings.topic_prefix,
-           "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.kafka.bootstrap_servers}  # fmt: skip
-    engines_file = tmp / "engines.toml"
-    fleet = spawn(foretoken_cmd("fleet", "run", "small", "--base-port", "0", "--kv-base-port",
-                                "0", "--engines-out", str(engines_file)), env,
-                  tmp / "fleet.log")  # fmt: skip
-    router = None
-    try:
-        deadline = time.monotonic() + 60
-        while not engines_file.exists():
-            assert fleet.poll() is None and time.monotonic() < deadline, "no fleet"
-            time.sleep(0.1)
-        model = tomllib.loads(engines_file.read_text())["engines"][0]["model"]
-        port = free_port()
-        router = spawn(foretoken_cmd("router", "-e", str(engines_file), "--port", str(port)),
-                       {**env, "FORETOKEN_ROUTE_URL": f"http://127.0.0.1:{free_port()}"},
-                       tmp / "router.log")  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/healthz", 60, router)
-        yield url, model
-    finally:
-        if router is not None:
-            stop(router)
-        stop(fleet)
-
-
-def test_the_sdks_against_the_simulated_fleet(fleet_router: tuple[str, str]) -> None:
-    url, model = fleet_router
-    c = _openai(url)
-    messages: Any = [{"role": "system", "content": "word " * 300},
-                     {"role": "user", "content": "hi"}]  # fmt: skip
-    first = c.chat.completions.create(model=model, messages=messages, max_tokens=2)
-    details = first.usage.prompt_tokens_details if first.usage else None
-    assert details is not None and details.cached_tokens == 0  # a miss says 0
-    again = list(c.chat.completions.create(
-        model=model, messages=messages, max_tokens=2, stream=True,
-        stream_options={"include_usage": True},
-    ))  # fmt: skip
-    usage = again[-1].usage
-    assert usage is not None and usage.prompt_tokens_details is not None
-    assert (usage.prompt_tokens_details.cached_tokens or 0) > 0  # the same engine's cache
-    assert again[0].choices[0].delta.role == "assistant"
-    assert c.completions.create(model=model, prompt=[[5, 6, 7, 8]], max_tokens=2).choices
-    counted = httpx.post(url + "/tokenize", json={"model": model, "prompt": "word " * 300},
-                         timeout=30).json()  # an engine's own count, passed through  # fmt: skip
-    assert counted["count"] == 300 and len(counted["tokens"]) == 300
-    batch = c.completions.create(model=model, prompt=["word " * 300, [5, 6, 7, 8]], max_tokens=2)
-    assert [ch.index for ch in batch.choices] == [0, 1] and batch.usage is not None
-    assert batch.usage.completion_tokens == 4 and batch.usage.prompt_tokens > 300
-    a = _anthropic(url)
-    m = a.messages.create(model=model, max_tokens=2, system=messages[0]["content"],
-                          messages=[{"role": "user", "content": "hi"}])  # fmt: skip
-    assert m.usage.output_tokens == 2 and (m.usage.cache_read_input_tokens or 0) > 0
-    with a.messages.stream(model=model, max_tokens=3,
-                           messages=[{"role": "user", "content": "hello"}]) as s:  # fmt: skip
-        assert len(list(s.text_stream)) == 3
-        assert s.get_final_message().usage.output_tokens == 3
-    counted = a.messages.count_tokens(model=model, system=messages[0]["content"],
-                                      messages=[{"role": "user", "content": "hi"}])  # fmt: skip
-    # what was routed is what is counted; Anthropic's input_tokens are the uncached ones
-    cache_read = m.usage.cache_read_input_tokens or 0
-    assert counted.input_tokens == m.usage.input_tokens + cache_read

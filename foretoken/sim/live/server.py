@@ -6,6 +6,7 @@ Each engine of the fleet file gets, in one asyncio process:
   and not; ``/v1/models``, ``/healthz``, ``/metrics`` with vLLM's ``cache_config_info``);
   prompts may be text (the built-in tokenizer) or token ids; ``n``, ``logprobs`` and
   ``echo`` as vLLM takes them (``sampling.py``: the choices share the request's one prefill);
+  SGLang's native ``/generate`` (``native.py``), vLLM's ``/tokenize`` and ``/detokenize``;
 * the pure ``EngineModel`` stepped against a real clock: a step that the hidden truth says
   takes d seconds takes ``d × time_scale`` seconds of wall time;
 * a ZMQ PUB socket sending the KV events in vLLM's 3-frame wire format, and a ROUTER replay
@@ -39,6 +40,7 @@ from foretoken.adapters.engines.engines_file import EngineConfig
 from foretoken.core.tokenizer import SimTokenizer, chat_to_text, generation_prompt
 from foretoken.core.types import RequestId
 from foretoken.sim.engine import EngineModel, RequestTooLarge, StepResult
+from foretoken.sim.live import native
 from foretoken.sim.live.sampling import Answer, FieldError, parse_sampling, prompt_echo
 from foretoken.sim.live.vllm_wire import (
     decode_replay_request,
@@ -286,6 +288,10 @@ def make_app(engine: SimEngine) -> web.Application:
         # the simulator's tokenizer cannot invert its hashes: stand-ins, as it generates
         return web.json_response({"prompt": "".join(map(engine.tokenizer.decode_one, tokens))})
 
+    async def generate(request: web.Request) -> web.StreamResponse:  # SGLang's native API
+        return await native.generate(engine, request)
+
+    app.router.add_post("/generate", generate)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/healthz", healthz)

@@ -3,7 +3,8 @@
 OpenAI (``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
 ``/v1/models[/{id}]``) and Anthropic (``/v1/messages``, ``/v1/messages/count_tokens``)
 surfaces; ``/health``, ``/healthz``, ``/metrics``; the engines' endpoints that generate
-nothing (embeddings, scores, tokenize, …) passed through (``passthrough.py``). Per request:
+nothing (embeddings, scores, tokenize, …) passed through (``passthrough.py``); SGLang's
+``/generate`` (``native.py``). Per request:
 read the body (size limit, read timeout), decode it once into typed structs
 (``requests.py``, ``anthropic.py``, ``responses.py``; big bodies in a thread; a batch of
 prompts split, ``batch.py``), tokenize (long texts in a thread), ask the route service
@@ -41,6 +42,7 @@ from foretoken.adapters.http.router import (
     batch,
     edge,
     errors,
+    native,
     passthrough,
     responses,
     responses_relay,
@@ -333,6 +335,7 @@ def make_app(settings: Settings, engines: list[EngineConfig]) -> web.Application
         ("POST", "/v1/messages", messages),
         ("POST", "/v1/messages/count_tokens", count_tokens),
         ("POST", "/v1/responses", responses_api),
+        ("POST", "/generate", native.generate),  # SGLang's native API
         ("GET", "/v1/models", models),
         ("GET", "/v1/models/{model:.+}", model),  # Hugging Face names hold a slash
         ("GET", "/health", health),

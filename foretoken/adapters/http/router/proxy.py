@@ -37,6 +37,8 @@ MAX_GAPS: Final = 8192  # token gaps kept per stream (a decode step's time needs
 DONE: Final = b"[DONE]"
 # an event that carries no output token: empty text, or a chat finish with an empty delta
 _EMPTY = re.compile(rb'"(?:text|content)": ?""|"delta": ?\{\s*\}')
+# SGLang's /generate: the last event's finish reason is an object (read for the counts)
+_FINISHED: Final = (b'"finish_reason":{', b'"finish_reason": {')
 _json = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
@@ -63,6 +65,12 @@ class _Usage(msgspec.Struct):
     prompt_tokens_details: _Details | None = None
 
 
+class _Meta(msgspec.Struct):  # SGLang's /generate: the request's counts so far
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
 class Chunk(msgspec.Struct):
     """What the router reads of one engine event."""
 
@@ -71,9 +79,13 @@ class Chunk(msgspec.Struct):
     error: Any = None
     object: str | None = None
     message: str | None = None
+    text: Any = None  # SGLang's /generate: the text so far (or this event's piece)
+    meta_info: _Meta | None = None
 
     @property
     def has_content(self) -> bool:
+        if self.text and isinstance(self.text, str):
+            return True
         for c in self.choices:
             if c.text or (c.delta and (c.delta.content or c.delta.reasoning_content
                                         or c.delta.tool_calls)):  # fmt: skip
@@ -251,7 +263,8 @@ def _scan(events: list[bytes], m: Measured,
             m.done_seen = True
             continue
         chunk: Chunk | None = None
-        if m.first_token_s is None or b'"usage"' in payload or b'"error"' in payload:
+        if (m.first_token_s is None or b'"usage"' in payload or b'"error"' in payload
+                or _FINISHED[0] in payload or _FINISHED[1] in payload):  # fmt: skip
             chunk = read_chunk(payload)
         if chunk is None:
             if not _EMPTY.search(payload):
@@ -260,6 +273,10 @@ def _scan(events: list[bytes], m: Measured,
             continue
         if chunk.usage is not None:
             m.note_usage(chunk.usage)
+        elif chunk.meta_info is not None:  # SGLang's /generate: its counts, as usage
+            meta = chunk.meta_info
+            m.note_usage(_Usage(meta.prompt_tokens, meta.completion_tokens,
+                                _Details(meta.cached_tokens)))  # fmt: skip
         message = chunk.error_message
         if message is not None:
             m.status, m.error = "error", f"engine error: {message}"
