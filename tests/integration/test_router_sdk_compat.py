@@ -170,6 +170,33 @@ def test_a_batch_of_prompts_is_answered_as_openai_answers_it(router: StubRouter)
     assert raw.status_code == 400 and "max_batch_prompts" in raw.json()["error"]["message"]
 
 
+def _served(router: StubRouter) -> list[int]:
+    """Requests each stub engine has answered (its /metrics)."""
+    out = []
+    for engine in load_engines(router.engines_file):
+        text = httpx.get(engine.http_url + "/metrics", timeout=10).text
+        out.append(int(text.split("foretoken_stub_requests_total ")[1].split()[0]))
+    return out
+
+
+def test_a_batch_is_spread_and_fails_as_one(router: StubRouter) -> None:
+    """The router deciding alone spreads a batch's prompts as it spreads separate requests;
+    one prompt its engine refuses is the batch's answer, in the engine's own status."""
+    before = _served(router)
+    c = _openai(router.url)
+    c.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=2)
+    after = _served(router)
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1]  # one each
+    with pytest.raises(openai.BadRequestError, match="stub refuses"):
+        c.completions.create(model=MODEL, prompt=["a", "__stub_refuse__"], max_tokens=2)
+    body = {"model": MODEL, "prompt": ["__stub_slow__", "__stub_refuse__"], "stream": True}
+    streamed = httpx.post(router.url + "/v1/completions", timeout=30, json=body)
+    if streamed.status_code == 200:  # the slow one's stream began first: an error event
+        assert "stub refuses" in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
+    else:
+        assert streamed.status_code == 400 and "stub refuses" in streamed.text
+
+
 def test_nulls_where_openai_takes_them(router: StubRouter) -> None:
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "n": None, "stream": None,
             "echo": None, "stream_options": None, "logprobs": None, "stop": None}  # fmt: skip

@@ -86,7 +86,8 @@ async def openai_request(request: web.Request, chat: bool) -> web.StreamResponse
     try:
         raw = await edge.read_body(request, state.settings)
         d = await off_loop(state, len(raw), decode_openai, raw, chat,
-                           state.settings.router.max_output_tokens)  # fmt: skip
+                           state.settings.router.max_output_tokens,
+                           state.settings.router.max_batch_prompts)  # fmt: skip
         check_model(state, d.body.model)
         if d.batch:  # several prompts: each routed as its own request
             return await batch.completions(request, state, d, arrived)

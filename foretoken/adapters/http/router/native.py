@@ -63,6 +63,7 @@ _STREAM_ON: Final = msgspec.Raw(b"true")
 class SamplingParams(msgspec.Struct, kw_only=True):
     # the router reads this one; every key reaches the engine as sent
     max_new_tokens: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
+    n: int | None = None  # several samples: SGLang answers them as a batch (refused)
 
 
 class GenerateBody(msgspec.Struct, kw_only=True):
@@ -97,6 +98,10 @@ def decode_generate(raw: bytes, max_output_tokens: int) -> tuple[GenerateBody, b
                            "by this router's /generate: send one prompt per request",
                            param="text" if isinstance(body.text, list)
                            else "input_ids")  # fmt: skip
+    if body.sampling_params is not None and (body.sampling_params.n or 1) > 1:
+        raise RequestError("sampling_params.n above 1 (SGLang answers it as a batch) is not "
+                           "supported by this router's /generate: send one request per sample",
+                           param="sampling_params.n")  # fmt: skip
     if (body.text is None) == (body.input_ids is None) or body.input_ids == []:
         raise RequestError("exactly one of text and input_ids is required", param="text")
     limit = body.sampling_params.max_new_tokens if body.sampling_params is not None else None

@@ -32,6 +32,7 @@ from foretoken.adapters.http.router.path import (
     unauthorized,
 )
 from foretoken.adapters.http.router.requests import RequestError, json_error
+from foretoken.adapters.http.router.routing import check_id
 
 PATHS: Final = (
     "/v1/embeddings", "/pooling", "/classify", "/v1/classify", "/score", "/v1/score",
@@ -52,10 +53,11 @@ _named = msgspec.json.Decoder(_Named)
 async def forward(request: web.Request) -> web.StreamResponse:
     """POST the body to an engine of its model at the same path; its answer as it is."""
     state = request.app[STATE]
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     if not state.authorized(request):
         return unauthorized(False)
     try:
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        check_id("x-request-id", request_id)
         raw = await edge.read_body(request, state.settings)
         try:
             model = _named.decode(raw).model
@@ -71,6 +73,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return refused(state, exc, False)
     headers = state.upstream_headers(request, request_id, engine)
     assert state.engine_session is not None
+    state.routing.sent(engine.worker_id, 1)  # one request (counted as one token) in flight
     try:
         async with state.engine_session.post(engine.http_url + request.path, data=raw,
                                              headers=headers,
@@ -85,6 +88,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return errors.openai_error(status, f"engine {engine.worker_id} did not answer: "
                                    f"{type(exc).__name__}: {exc}".rstrip(": "), "api_error",
                                    headers={"x-request-id": request_id})  # fmt: skip
+    finally:
+        state.routing.sent(engine.worker_id, -1)
 
 
 def pick(state: RouterState, model: str) -> EngineConfig:

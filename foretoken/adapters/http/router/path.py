@@ -110,7 +110,8 @@ class RouterState:
 
     def upstream_headers(self, request: web.Request, request_id: str,
                          engine: EngineConfig | None = None) -> dict[str, str]:  # fmt: skip
-        out = {"Content-Type": "application/json"}
+        # identity: the router reads the engine's bytes (the session never inflates them)
+        out = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         for name in self.forward_headers:
             value = request.headers.get(name)
             if value is not None and is_text(value):

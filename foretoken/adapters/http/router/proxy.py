@@ -65,12 +65,6 @@ class _Usage(msgspec.Struct):
     prompt_tokens_details: _Details | None = None
 
 
-class _Meta(msgspec.Struct):  # SGLang's /generate: the request's counts so far
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-
-
 class Chunk(msgspec.Struct):
     """What the router reads of one engine event."""
 
@@ -80,7 +74,7 @@ class Chunk(msgspec.Struct):
     object: str | None = None
     message: str | None = None
     text: Any = None  # SGLang's /generate: the text so far (or this event's piece)
-    meta_info: _Meta | None = None
+    meta_info: Any = None  # and its counts (read leniently: :func:`_note_meta`)
 
     @property
     def has_content(self) -> bool:
@@ -273,10 +267,8 @@ def _scan(events: list[bytes], m: Measured,
             continue
         if chunk.usage is not None:
             m.note_usage(chunk.usage)
-        elif chunk.meta_info is not None:  # SGLang's /generate: its counts, as usage
-            meta = chunk.meta_info
-            m.note_usage(_Usage(meta.prompt_tokens, meta.completion_tokens,
-                                _Details(meta.cached_tokens)))  # fmt: skip
+        elif isinstance(chunk.meta_info, dict):  # SGLang's /generate
+            _note_meta(m, chunk.meta_info)
         message = chunk.error_message
         if message is not None:
             m.status, m.error = "error", f"engine error: {message}"
@@ -288,6 +280,21 @@ def _scan(events: list[bytes], m: Measured,
         out.append((payload, chunk))
     m.note_tokens(now_s, m.chunks - before, after_first)
     return out
+
+
+def _note_meta(m: Measured, meta: dict[str, Any]) -> None:
+    """SGLang's ``meta_info``: its counts as usage (integers only), and an aborted request
+    (finish reason ``abort``: SGLang's own refusal mid-stream) as an error."""
+
+    def count(key: str) -> int | None:
+        value = meta.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    m.note_usage(_Usage(count("prompt_tokens"), count("completion_tokens"),
+                        _Details(count("cached_tokens"))))  # fmt: skip
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        m.status, m.error = "error", f"engine aborted: {finish.get('message') or 'no reason'}"
 
 
 def engine_error_message(status: int, body: bytes) -> str:

@@ -166,8 +166,13 @@ class Decoded:
     wants_usage: bool
     fields: dict[str, msgspec.Raw]
     # a completion prompt that is a batch of several: each prompt's text or token ids and
-    # the engine's body for it (the client's fields with that prompt); empty otherwise
+    # its JSON as sent (``upstream`` then holds the other fields: :meth:`batch_body`)
     batch: tuple[tuple[str | None, np.ndarray | None, bytes], ...] = ()
+
+    def batch_body(self, i: int) -> bytes:
+        """The engine's body for prompt ``i`` of a batch: the client's other fields (encoded
+        once, never once per prompt) with that prompt."""
+        return b'{"prompt":' + self.batch[i][2] + b"," + self.upstream[1:]
 
     @property
     def special_tokens(self) -> bool:
@@ -186,7 +191,8 @@ class Decoded:
         return out or None  # 0 (an echo that scores the prompt): the router's default length
 
 
-def decode_openai(raw: bytes, chat: bool, max_output_tokens: int) -> Decoded:
+def decode_openai(raw: bytes, chat: bool, max_output_tokens: int,
+                  max_batch: int = 1) -> Decoded:  # fmt: skip
     try:
         body: Body = _chat.decode(raw) if chat else _completion.decode(raw)
         fields = _raw.decode(raw)
@@ -203,12 +209,18 @@ def decode_openai(raw: bytes, chat: bool, max_output_tokens: int) -> Decoded:
     usage = body.stream_options is not None and bool(body.stream_options.include_usage)
     if len(pieces) > 1:
         assert isinstance(body, CompletionBody) and isinstance(body.prompt, list)
+        if len(pieces) > max_batch:
+            raise RequestError(f"prompt is a batch of {len(pieces)} prompts, more than this "
+                               f"router takes in one request ({max_batch}: "
+                               "router.max_batch_prompts)", param="prompt")  # fmt: skip
         batch = tuple(
-            (*_one_prompt(p, f"prompt[{i}]"), upstream_body(fields | {"prompt": raw}, options))
+            (*_one_prompt(p, f"prompt[{i}]"), bytes(raw))
             for i, (p, raw) in enumerate(zip(body.prompt, pieces, strict=True))
         )
-        return Decoded(body=body, chat=chat, text=None, token_ids=None, upstream=b"",
-                       wants_usage=usage, fields=fields, batch=batch)  # fmt: skip
+        others = {k: v for k, v in fields.items() if k != "prompt"}
+        return Decoded(body=body, chat=chat, text=None, token_ids=None,
+                       upstream=upstream_body(others, options), wants_usage=usage,
+                       fields=fields, batch=batch)  # fmt: skip
     text, ids = (_chat_text(body), None) if isinstance(body, ChatBody) else _prompt(body)
     upstream = upstream_body(fields, options)
     return Decoded(body=body, chat=chat, text=text, token_ids=ids, upstream=upstream,

@@ -159,7 +159,7 @@ def options(settings: Settings, body: Any, headers: CIMultiDictProxy[str]) -> Op
     client_id = headers.get("x-request-id") or None
     for name, value in (("x-conversation-id", conversation), ("x-request-id", client_id)):
         if value is not None:
-            _check_id(name, value)
+            check_id(name, value)
     return Options(bound, waited or 0.0, class_name, prefer, conversation, client_id)
 
 
@@ -175,7 +175,7 @@ def is_text(value: str) -> bool:
     return True
 
 
-def _check_id(name: str, value: str) -> None:
+def check_id(name: str, value: str) -> None:
     """An id a client chose: at most 256 characters of text (:func:`is_text`)."""
     if len(value) > 256:
         raise RequestError(f"{name} must be at most 256 characters", param=name)

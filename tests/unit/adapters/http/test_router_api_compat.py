@@ -77,11 +77,11 @@ def test_a_batch_of_one_reaches_the_engine_as_its_prompt(prompt: Any, sent: Any)
 def test_a_batch_of_several_prompts_is_one_engine_body_per_prompt() -> None:
     raw = msgspec.json.encode({"model": "m", "prompt": ["hi", [5, 6], "yo"], "max_tokens": 2,
                                "n": 2, "logprobs": 1, "foo": {"bar": 1}})  # fmt: skip
-    d = decode_openai(raw, chat=False, max_output_tokens=LIMIT)
+    d = decode_openai(raw, chat=False, max_output_tokens=LIMIT, max_batch=3)
     assert [(t, None if i is None else i.tolist()) for t, i, _ in d.batch] == [
         ("hi", None), (None, [5, 6]), ("yo", None)]  # fmt: skip
-    for (_, _, body), prompt in zip(d.batch, ["hi", [5, 6], "yo"], strict=True):
-        up = json.loads(body)  # the client's fields, with this one prompt, streaming
+    for i, prompt in enumerate(["hi", [5, 6], "yo"]):
+        up = json.loads(d.batch_body(i))  # the client's fields, with this one prompt, streaming
         assert up["prompt"] == prompt and up["stream"] is True and up["n"] == 2
         assert up["logprobs"] == 1 and up["foo"] == {"bar": 1} and up["max_tokens"] == 2
 
@@ -93,8 +93,16 @@ def test_a_batch_of_several_prompts_is_one_engine_body_per_prompt() -> None:
 def test_a_bad_prompt_of_a_batch_is_named(prompt: Any, param: str) -> None:
     with pytest.raises(RequestError) as info:
         decode_openai(msgspec.json.encode({"model": "m", "prompt": prompt}), chat=False,
-                      max_output_tokens=LIMIT)  # fmt: skip
+                      max_output_tokens=LIMIT, max_batch=8)  # fmt: skip
     assert info.value.param == param, info.value.message
+
+
+def test_a_batch_over_the_limit_is_refused_before_its_bodies_are_built() -> None:
+    raw = msgspec.json.encode({"model": "m", "prompt": ["a"] * 2000, "junk": "x" * 200_000})
+    with pytest.raises(RequestError, match="max_batch_prompts"):
+        decode_openai(raw, chat=False, max_output_tokens=LIMIT, max_batch=256)
+    d = decode_openai(raw, chat=False, max_output_tokens=LIMIT, max_batch=2000)
+    assert len(d.upstream) < 200_100  # the shared fields once, not once per prompt
 
 
 def test_chat_fields_reach_the_engine_untouched() -> None:

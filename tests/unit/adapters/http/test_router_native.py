@@ -41,6 +41,7 @@ def test_the_engine_gets_the_clients_fields_streaming_without_foretokens() -> No
             "sampling_params.max_new_tokens",
         ),
         ({"text": 5}, "text"),
+        ({"text": "a", "sampling_params": {"n": 2}}, "sampling_params.n"),
     ],
 )
 def test_bad_bodies_are_named(fields: dict[str, Any], param: str) -> None:
@@ -80,3 +81,14 @@ def test_the_first_token_and_the_counts_of_a_generate_stream() -> None:
            b"data: " + _event(" a b", [4, 5], 2, {"type": "stop"})], m, firsts.append)  # fmt: skip
     assert len(firsts) == 1 and m.output_tokens == 2 and m.cached_tokens == 3
     assert m.prompt_tokens == 7
+
+
+def test_an_aborted_generate_is_an_error() -> None:
+    m = Measured()
+    _scan([b"data: " + _event(" a", [4], 1),
+           b"data: " + _event(" a", [4], 1, {"type": "abort", "message": "out of memory"})],
+          m, lambda _: None)  # fmt: skip
+    assert m.status == "error" and m.error is not None and "out of memory" in m.error
+    lenient = Measured()  # counts that are not integers are left out, not the event
+    _scan([b'data: {"text":" a","meta_info":{"completion_tokens":"x"}}'], lenient, lambda _: None)
+    assert lenient.first_token_s is not None and lenient.output_tokens == 0
