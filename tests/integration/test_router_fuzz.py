@@ -37,7 +37,7 @@ BATCH = 64
 MIN_BODIES = 20_000
 MAX_RSS_GROWTH_MB = 300
 PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
-         "/v1/responses")  # fmt: skip
+         "/v1/responses", "/generate", "/v1/embeddings", "/tokenize")  # fmt: skip
 
 scalars = (
     st.none()
@@ -66,7 +66,23 @@ VALID: dict[str, list[dict[str, Any]]] = {
             "stream_options": {"include_usage": True},
             "logprobs": 1,
         },
+        {"model": MODEL, "prompt": ["a", [16, 17], "b"], "max_tokens": 2, "n": 2},
+        {
+            "model": MODEL,
+            "prompt": ["a", "b"],
+            "max_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
     ],
+    # SGLang's native API (the stub's engines are vLLM's: decoded, then refused) and the
+    # endpoints passed through to an engine untouched
+    "/generate": [
+        {"text": "hi", "sampling_params": {"max_new_tokens": 2}, "stream": True},
+        {"input_ids": [16, 17], "model": MODEL, "rid": "r"},
+    ],
+    "/v1/embeddings": [{"model": MODEL, "input": ["a", "b"], "encoding_format": "float"}],
+    "/tokenize": [{"model": MODEL, "prompt": "hi", "add_special_tokens": True}],
     "/v1/chat/completions": [
         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
         {
