@@ -279,8 +279,11 @@ def test_compressed_bodies_and_unknown_paths_get_json_errors(stack: Stack) -> No
     status, answer = raw_post(stack.worker.url, "/v1/route", bomb,
                               {**gz, "x-foretoken-route-token": TOKEN})  # fmt: skip
     assert status == 415, answer
-    status, answer = post(f"{stack.router_url}/v1/embeddings", b"{}")
+    status, answer = post(f"{stack.router_url}/v1/frobnicate", b"{}")
     assert status == 404 and "no such endpoint" in answer["error"]["message"], answer
+    # passed through to an engine that does not serve it: its 404, in OpenAI's shape
+    status, answer = post(f"{stack.router_url}/v1/embeddings", b"{}")
+    assert status == 404 and "/v1/embeddings" in answer["error"]["message"], answer
     status, answer = post(f"{stack.router_url}/v1/messages/nope", b"{}")
     assert status == 404 and answer["type"] == "error", answer  # the Anthropic shape there
     try:

@@ -7,8 +7,9 @@ service or graded: the body (JSON, under the router's size and time limits) goes
 to the engine of its ``model`` (a LoRA adapter: one that serves it; no ``model`` when one
 model is served: that one) with the fewest requests in flight from this router, in turn
 among equals, skipping engines found down; the engine's answer — status, media type,
-body — comes back as it is, with the router's ``x-request-id``. An engine that does not
-serve the path answers its own 404, passed on; one that does not answer is a 502 (504
+body — comes back as it is, with the router's ``x-request-id`` (an error whose body is not
+JSON, in OpenAI's error shape). An engine that does not serve the path answers its own 404,
+passed on; one that does not answer is a 502 (504
 when silent past ``router.engine_timeout_s``) and is skipped for ``router.engine_down_s``.
 """
 
@@ -48,6 +49,7 @@ class _Named(msgspec.Struct):
 
 
 _named = msgspec.json.Decoder(_Named)
+_any = msgspec.json.Decoder()
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
@@ -80,6 +82,13 @@ async def forward(request: web.Request) -> web.StreamResponse:
                                              timeout=state.engine_timeout) as resp:  # fmt: skip
             body = await resp.read()
             kept = {k: v for k in _KEPT if (v := resp.headers.get(k)) is not None}
+            if resp.status >= 400 and not _is_json(body):  # (aiohttp's "404: Not Found")
+                text = body[:300].decode(errors="replace").strip() or f"{resp.status}"
+                return errors.openai_error(resp.status, f"engine {engine.worker_id} answered "
+                                           f"{request.path}: {text}",
+                                           "api_error" if resp.status >= 500
+                                           else "invalid_request_error",
+                                           headers={"x-request-id": request_id})  # fmt: skip
             return web.Response(status=resp.status, body=body,
                                 headers=kept | {"x-request-id": request_id})  # fmt: skip
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -90,6 +99,14 @@ async def forward(request: web.Request) -> web.StreamResponse:
                                    headers={"x-request-id": request_id})  # fmt: skip
     finally:
         state.routing.sent(engine.worker_id, -1)
+
+
+def _is_json(body: bytes) -> bool:
+    try:
+        _any.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
 
 
 def pick(state: RouterState, model: str) -> EngineConfig:
