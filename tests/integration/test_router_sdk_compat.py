@@ -483,11 +483,14 @@ def test_a_lora_adapter_goes_to_an_engine_that_serves_it(
     serves is a 404."""
     first, second = load_engines(engines)
     lora = tmp_path / "engines.toml"
-    lora.write_text(dump_engines([first, msgspec.structs.replace(second, lora_adapters=("ada",))]))
+    lora.write_text(dump_engines([msgspec.structs.replace(first, max_model_len=8192),
+                                  msgspec.structs.replace(second, lora_adapters=("ada",),
+                                                          max_model_len=32768)]))  # fmt: skip
     port = second.http_url.rsplit(":", 1)[1]
     with stub_router(kafka_settings, tmp_path, lora) as r:
         listed = {m.id: m for m in _openai(r.url).models.list().data}
         assert listed["ada"].parent == MODEL  # type: ignore[attr-defined]
+        assert listed[MODEL].max_model_len == 32768  # type: ignore[attr-defined]  # the longest
         for _ in range(4):  # least-outstanding alone would alternate between the two
             answer = _openai(r.url).completions.create(model="ada", max_tokens=1,
                                                        prompt="__stub_echo_headers__")  # fmt: skip

@@ -242,21 +242,28 @@ async def count_tokens(request: web.Request) -> web.Response:
     return web.json_response({"input_tokens": len(tokens)})
 
 
-def _model(model_id: str, parent: str | None = None) -> dict[str, Any]:
+def _model(state: RouterState, model_id: str, parent: str | None = None) -> dict[str, Any]:
     # The fields of both SDKs' model objects (OpenAI's Model, Anthropic's ModelInfo).
     # ``root``/``parent`` as vLLM's own /v1/models (``vllm bench serve`` reads ``root``; a
-    # LoRA adapter's ``parent`` is its base model).
+    # LoRA adapter's ``parent`` is its base model); ``max_model_len`` as vLLM's too: the
+    # longest context an engine of the model takes, when the engines file gives every one's.
+    lengths = [
+        e.max_model_len
+        for e in state.engines.values()
+        if (model_id in e.lora_adapters if parent else e.model == model_id)
+    ]
+    longest = max(lengths) if lengths and None not in lengths else None  # type: ignore[type-var]
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "foretoken",
             "root": model_id, "parent": parent, "type": "model", "display_name": model_id,
-            "created_at": "1970-01-01T00:00:00Z"}  # fmt: skip
+            "created_at": "1970-01-01T00:00:00Z", "max_model_len": longest}  # fmt: skip
 
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.authorized(request):
         return unauthorized(errors.anthropic_shape(request))
-    data = [_model(m) for m in state.models]
-    data += [_model(a, base) for a, base in sorted(state.adapters.items())]
+    data = [_model(state, m) for m in state.models]
+    data += [_model(state, a, base) for a, base in sorted(state.adapters.items())]
     return web.json_response({"object": "list", "data": data, "has_more": False,
                               "first_id": data[0]["id"] if data else None,
                               "last_id": data[-1]["id"] if data else None})  # fmt: skip
@@ -272,7 +279,7 @@ async def model(request: web.Request) -> web.Response:
         message = f"unknown model {model_id!r}: not served here; served: {served}"
         return errors.error(errors.anthropic_shape(request), 404, message, param="model",
                             code="model_not_found")  # fmt: skip
-    return web.json_response(_model(model_id, state.adapters.get(model_id)))
+    return web.json_response(_model(state, model_id, state.adapters.get(model_id)))
 
 
 async def health(request: web.Request) -> web.Response:
