@@ -43,7 +43,9 @@ from foretoken.adapters.http.router.proxy import (
     ClientGone,
     Collected,
     Measured,
+    event_docs,
     fill_cached,
+    is_error_doc,
     prepare,
     sse_error,
     write,
@@ -52,7 +54,6 @@ from foretoken.adapters.http.router.requests import Decoded
 from foretoken.adapters.http.router.routing import Placement
 from foretoken.wire.records import Grant
 
-_json = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 Routed = tuple[Grant, str, Placement]
 
@@ -262,14 +263,8 @@ class _Part:
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
         s = self.stream
         parts: list[bytes] = []
-        for payload, _ in events:
-            try:
-                doc = _json.decode(payload)
-            except (msgspec.DecodeError, RecursionError):
-                continue  # not JSON: nothing a client can parse
-            if not isinstance(doc, dict):
-                continue
-            if doc.get("error") is not None or doc.get("object") == "error":
+        for _, doc in event_docs(events):
+            if is_error_doc(doc):
                 if not s.error_sent:
                     s.error_sent = True
                     err = doc.get("error")

@@ -8,11 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from foretoken.adapters.http.router.proxy import Chunk
-
-_json = msgspec.json.Decoder()
+from foretoken.adapters.http.router.proxy import Chunk, event_docs
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,13 +23,7 @@ class Delta:
 
 
 def deltas(events: list[tuple[bytes, Chunk | None]]) -> Iterator[Delta]:
-    for payload, _ in events:
-        try:
-            doc = _json.decode(payload)
-        except (msgspec.DecodeError, RecursionError):
-            continue
-        if not isinstance(doc, dict):
-            continue
+    for _, doc in event_docs(events):
         for c in doc.get("choices") or ():
             if not isinstance(c, dict):
                 continue

@@ -43,6 +43,8 @@ from foretoken.adapters.http.router.path import (
 from foretoken.adapters.http.router.proxy import (
     Chunk,
     engine_error_message,
+    event_docs,
+    is_error_doc,
     prepare,
     sse_error,
     write,
@@ -51,7 +53,7 @@ from foretoken.adapters.http.router.requests import (
     FORETOKEN_FIELDS,
     INT32_MAX,
     RequestError,
-    ShortText,
+    RoutingFields,
     TokenId,
     json_error,
 )
@@ -66,23 +68,17 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     n: int | None = None  # several samples: SGLang answers them as a batch (refused)
 
 
-class GenerateBody(msgspec.Struct, kw_only=True):
+class GenerateBody(RoutingFields, kw_only=True):
     text: str | list[str] | None = None
     input_ids: list[TokenId | list[TokenId]] | None = None
     sampling_params: SamplingParams | None = None
     stream: bool | None = False
-    # foretoken's own (never forwarded)
+    # foretoken's own, as the routing fields (never forwarded)
     model: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
-    max_queue_wait_s: float | None = None
-    already_waited_s: float | None = None
-    workload_class: ShortText | None = None
-    prefer_cache_hit: bool | None = None
-    conversation_id: ShortText | None = None
 
 
 _body = msgspec.json.Decoder(GenerateBody)
 _raw = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_json = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
@@ -202,14 +198,8 @@ class NativeCollected:
         return None
 
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
-        for payload, _ in events:
-            try:
-                doc = _json.decode(payload)
-            except (msgspec.DecodeError, RecursionError):
-                continue
-            if not isinstance(doc, dict):
-                continue
-            if doc.get("error") is not None or doc.get("object") == "error":
+        for payload, doc in event_docs(events):
+            if is_error_doc(doc):
                 self.error = engine_error_message(500, payload)
                 continue
             self.last = doc

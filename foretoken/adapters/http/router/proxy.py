@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -297,6 +297,23 @@ def _note_meta(m: Measured, meta: dict[str, Any]) -> None:
         m.status, m.error = "error", f"engine aborted: {finish.get('message') or 'no reason'}"
 
 
+def event_docs(events: list[tuple[bytes, Chunk | None]]) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """The events whose payload is a JSON object, decoded (the others carry nothing a client
+    could parse: skipped)."""
+    for payload, _ in events:
+        try:
+            doc = _json.decode(payload)
+        except (msgspec.DecodeError, RecursionError):
+            continue
+        if isinstance(doc, dict):
+            yield payload, doc
+
+
+def is_error_doc(doc: dict[str, Any]) -> bool:
+    """An engine's error event: OpenAI's ``{"error": …}`` or vLLM's ``{"object": "error"}``."""
+    return doc.get("error") is not None or doc.get("object") == "error"
+
+
 def engine_error_message(status: int, body: bytes) -> str:
     """The engine's own message from an error answer (OpenAI or vLLM shape), else its text."""
     try:
@@ -448,16 +465,11 @@ class Collected:
         return None
 
     async def send(self, events: list[tuple[bytes, Chunk | None]]) -> None:
-        for payload, _ in events:
-            try:
-                doc = _json.decode(payload)
-            except (msgspec.DecodeError, RecursionError):
-                continue
-            if isinstance(doc, dict):
-                self._add(doc)
+        for _, doc in event_docs(events):
+            self._add(doc)
 
     def _add(self, doc: dict[str, Any]) -> None:
-        if doc.get("error") is not None or doc.get("object") == "error":
+        if is_error_doc(doc):
             self.error = engine_error_message(500, _encoder.encode(doc))
             return
         for key, value in doc.items():  # id, created, model, system_fingerprint, …

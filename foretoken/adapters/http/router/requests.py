@@ -63,7 +63,17 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     continuous_usage_stats: bool | None = None
 
 
-class _Common(msgspec.Struct, kw_only=True):
+class RoutingFields(msgspec.Struct, kw_only=True):
+    """foretoken's own fields of a request body (:data:`FORETOKEN_FIELDS`; never forwarded)."""
+
+    max_queue_wait_s: float | None = None
+    already_waited_s: float | None = None
+    workload_class: ShortText | None = None
+    prefer_cache_hit: bool | None = None
+    conversation_id: ShortText | None = None
+
+
+class _Common(RoutingFields, kw_only=True):
     model: Annotated[str, Meta(min_length=1, max_length=256)]
     # null is the default for these, as OpenAI's API takes it
     stream: bool | None = False
@@ -79,12 +89,6 @@ class _Common(msgspec.Struct, kw_only=True):
     # vLLM's: the engine keys the prompt's first block with it (read so that the cache
     # credited is the one the engine reuses; forwarded as sent)
     cache_salt: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
-    # foretoken's own (never forwarded)
-    max_queue_wait_s: float | None = None
-    already_waited_s: float | None = None
-    workload_class: ShortText | None = None
-    prefer_cache_hit: bool | None = None
-    conversation_id: ShortText | None = None
 
 
 class CompletionBody(_Common, kw_only=True):

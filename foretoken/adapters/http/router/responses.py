@@ -33,6 +33,7 @@ from msgspec import Meta
 from foretoken.adapters.http.router.requests import (
     INT32_MAX,
     RequestError,
+    RoutingFields,
     ShortText,
     json_error,
     tool_list,
@@ -78,7 +79,7 @@ class Item(msgspec.Struct, kw_only=True):
     output: str | list[Part] | None = None
 
 
-class ResponsesBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ResponsesBody(RoutingFields, kw_only=True, forbid_unknown_fields=True):
     model: Annotated[str, Meta(min_length=1, max_length=256)]
     input: str | list[Item]
     instructions: str | None = None
@@ -113,12 +114,6 @@ class ResponsesBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     text: Any = None
     top_logprobs: Any = None
     max_tool_calls: Any = None
-    # foretoken's own
-    max_queue_wait_s: float | None = None
-    already_waited_s: float | None = None
-    workload_class: ShortText | None = None
-    prefer_cache_hit: bool | None = None
-    conversation_id: ShortText | None = None
 
 
 _body = msgspec.json.Decoder(ResponsesBody)
