@@ -180,6 +180,7 @@ class EngineFeed:
             self.health.unknown_tags += sum(decoded.unknown_tags.values())
         if decoded.unknown_media:
             self.health.unknown_media += sum(decoded.unknown_media.values())
+        self.health.other_components += decoded.other_components
         for bad in decoded.bad_events:  # the batch's other events still go out
             self.health.bad_events += 1
             await self.io.dead_letter(f"seq {decoded.seq} event {bad.index}: {bad.reason}",

@@ -47,6 +47,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
                    "whose other events went out."),
     "unknown_tags": ("foretoken_ingest_unknown_tags", "Events of unknown tags."),
     "unknown_media": ("foretoken_ingest_unknown_media", "Events on a medium we cannot map."),
+    "other_components": ("foretoken_ingest_other_components", "SGLang events of a cache "
+                         "component other than full attention (Mamba, sliding window)."),
     "disconnects": ("foretoken_ingest_disconnects", "ZMQ disconnects of the SUB socket (an "
                     "oversized message drops the connection too)."),
     "resubscribes": ("foretoken_ingest_resubscribes", "New SUB sockets after a connection ZMQ "
@@ -86,6 +88,7 @@ class EngineHealth:
     bad_events: int = 0
     unknown_tags: int = 0
     unknown_media: int = 0
+    other_components: int = 0
     disconnects: int = 0
     resubscribes: int = 0
 
