@@ -165,7 +165,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     tokenize_off_loop_chars: Count = 32_768
     # Request headers passed on to the engine (case-insensitive), e.g. add "x-api-key" or
     # "openai-organization" for engines that check them.
-    forward_headers: tuple[str, ...] = ("authorization", "x-request-id", "traceparent")
+    # (x-request-id is always the router's own id of the request: listing it changes nothing)
+    forward_headers: tuple[str, ...] = ("authorization", "traceparent")
     # When set, /v1/* needs one of these keys (Authorization: Bearer KEY, or x-api-key: KEY);
     # api_keys_file: one key per line (kept out of the settings file and the environment).
     api_keys: tuple[str, ...] = ()

@@ -11,7 +11,10 @@
   format): a list — a string content becomes one text part, null none, and a media part a
   bare ``{"type": "image"}`` (``audio``, ``video``).
 - a tool call's JSON ``arguments`` are parsed (into whatever JSON value they hold); empty or
-  missing ones become ``{}``; arguments that are not JSON are refused (vLLM answers 400).
+  missing ones become ``{}``; arguments that are not JSON are refused (vLLM answers 400),
+  and so are ones nested deeper than ``json.loads`` goes or holding a lone surrogate escape
+  (``"\\ud83d"`` without its pair: a string with no UTF-8, which no tokenizer takes) — the
+  router's 400, where the engine would fail on them.
 - a tool becomes ``{"type", "function": {"name", "description", "parameters", …}, …}``:
   missing description and parameters are null, and the declared keys come before any other.
 """
@@ -26,6 +29,9 @@ ContentFormat = Literal["string", "openai"]
 TEXT_KEYS: Final = {"text": "text", "input_text": "text", "refusal": "refusal",
                     "thinking": "thinking"}  # fmt: skip
 MEDIA: Final = ("image", "audio", "video")
+# How a JSON text writes a surrogate (D800–DFFF) escape. The request's own JSON is decoded
+# strictly (a lone one refused): only a string decoded again here can hold one.
+_SURROGATE_ESCAPES: Final = ("\\ud", "\\uD")
 
 
 class MessageError(ValueError):
@@ -91,12 +97,38 @@ def _call(call: Any) -> Any:
     args = function.get("arguments")
     if not args:
         function["arguments"] = {}
-    elif not isinstance(args, dict | list):
+    elif isinstance(args, str):
         try:
-            function["arguments"] = json.loads(args) if isinstance(args, str) else args
+            function["arguments"] = json.loads(args)
         except ValueError as exc:
             raise MessageError(f"a tool call's arguments are not JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise MessageError("a tool call's arguments are nested too deeply to decode") from exc
+        if any(e in args for e in _SURROGATE_ESCAPES) and _lone_surrogate(function["arguments"]):
+            raise MessageError("a tool call's arguments hold a lone UTF-16 surrogate escape "
+                               "(half a character, as '\\ud83d' alone): not text a tokenizer "
+                               "takes")  # fmt: skip
     return {**call, "function": function}
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether a decoded JSON value holds a string (a key too) with a lone surrogate (a
+    ``\\udXXX`` escape without its pair decodes to one; it has no UTF-8). Walked without
+    recursion: the value may be nested as deep as ``json.loads`` goes."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def tool_schemas(tools: Any) -> list[dict[str, Any]] | None:

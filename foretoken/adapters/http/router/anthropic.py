@@ -5,8 +5,9 @@ decoded strictly (text content blocks, a system prompt as a string or text block
 sequences, sampling parameters, ``metadata.user_id``, tool use — ``tools``,
 ``tool_choice``, ``tool_use`` and ``tool_result`` blocks: ``anthropic_tools.py``;
 ``cache_control`` is taken, as the engines cache prefixes on their own; ``thinking``
-— enabled, adaptive or disabled, checked as Anthropic checks it — and an earlier answer's
-``thinking`` blocks, left out of the context as Anthropic leaves them; anything else —
+— enabled, adaptive or disabled, checked as Anthropic checks it, its ``display`` taken
+(``_thinking``) — and an earlier answer's ``thinking`` blocks, left out of the context as
+Anthropic leaves them; anything else —
 images, server tools, an unknown field of the body, a message, a block or ``metadata`` — is
 refused with a 400 naming it, never dropped) and translated into the chat completion the
 engine streams: the same messages the router tokenizes, so what is routed is what is
@@ -46,6 +47,7 @@ OTHER_BLOCK_FIELDS: Final = (
     "signature", "data", "title", "context", "citations",
 )  # fmt: skip
 MIN_BUDGET: Final = 1024  # Anthropic's least thinking.budget_tokens
+DISPLAYS: Final = ("summarized", "omitted", None)  # thinking.display (the SDK's values)
 STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                        "content_filter": "refusal"}  # fmt: skip
 _encoder = msgspec.json.Encoder()
@@ -187,13 +189,20 @@ def _blocks(content: str | list[Block] | None, where: str,
 
 def _thinking(value: Any, max_tokens: int | None) -> None:
     """``thinking`` as Anthropic takes it: disabled, adaptive, or enabled with a
-    ``budget_tokens`` of at least 1,024 below ``max_tokens``. The thinking is the engine's
-    (a reasoning model thinks as its chat template has it); the budget is not enforced: the
-    chat API has no such limit, ``max_tokens`` bounds thinking and text together."""
+    ``budget_tokens`` of at least 1,024 below ``max_tokens``; adaptive and enabled with a
+    ``display`` of ``summarized``, ``omitted`` or null. The thinking is the engine's (a
+    reasoning model thinks as its chat template has it); the budget is not enforced: the
+    chat API has no such limit, ``max_tokens`` bounds thinking and text together.
+
+    ``display`` is taken and changes nothing: it says how Claude's thinking is shown (a
+    summary of it, or none with only the signature), and the engine's reasoning text is what
+    it is — no summary to give, and the thinking block is what lets a client see it. A
+    client that sends it (the SDK types it) is answered, not refused."""
     if value is None:
         return
     kind = value.get("type") if isinstance(value, dict) else None
-    allowed = {"disabled": {"type"}, "adaptive": {"type"}, "enabled": {"type", "budget_tokens"}}
+    allowed = {"disabled": {"type"}, "adaptive": {"type", "display"},
+               "enabled": {"type", "budget_tokens", "display"}}  # fmt: skip
     if kind not in allowed:
         raise RequestError("thinking.type must be enabled, adaptive or disabled",
                            param="thinking.type")  # fmt: skip
@@ -201,6 +210,9 @@ def _thinking(value: Any, max_tokens: int | None) -> None:
         if key not in allowed[kind]:
             raise RequestError(f"thinking.{key}: not a field of {kind} thinking, or not "
                                "supported by this router", param=f"thinking.{key}")  # fmt: skip
+    if value.get("display") not in DISPLAYS:
+        raise RequestError("thinking.display must be summarized, omitted or null",
+                           param="thinking.display")  # fmt: skip
     if kind == "enabled":
         budget = value.get("budget_tokens")
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_BUDGET:

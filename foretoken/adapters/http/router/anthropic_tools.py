@@ -89,7 +89,10 @@ def call(block: Any, where: str) -> dict[str, Any]:
         raise RequestError(f"{where}: a tool_use block needs an id and a name", param=where)
     if block.input is not None and not isinstance(block.input, Mapping):
         raise RequestError(f"{where}.input must be an object", param=f"{where}.input")
-    arguments = json.dumps(block.input or {}, ensure_ascii=False, separators=(",", ":"))
+    try:
+        arguments = json.dumps(block.input or {}, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError as exc:  # decoded (the body's depth limit) but too deep to write
+        raise RequestError(f"{where}.input is nested too deeply", param=f"{where}.input") from exc
     return {"id": block.id, "type": "function",
             "function": {"name": block.name, "arguments": arguments}}  # fmt: skip
 

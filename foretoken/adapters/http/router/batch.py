@@ -277,6 +277,8 @@ class _Part:
                     doc[key] = s.head.setdefault(key, doc[key])
             if doc.get("usage") is not None:
                 self.usage = doc["usage"]  # the latest (a running count grows): summed at the end
+                if not s.wants_usage:  # continuous_usage_stats alone: as OpenAIStream
+                    del doc["usage"]
             choices = doc.get("choices")
             if not isinstance(choices, list) or not choices:
                 continue  # the usage event: the batch's one comes at the end

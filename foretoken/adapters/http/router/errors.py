@@ -33,6 +33,7 @@ ANTHROPIC_KIND: Final = {
 }  # fmt: skip
 OPENAI_PATHS: Final = ("/v1/chat/completions", "/v1/completions")
 _encoder = msgspec.json.Encoder()
+log = logging.getLogger(__name__)
 
 
 def _json(status: int, body: object, headers: dict[str, str] | None) -> web.Response:
@@ -144,7 +145,10 @@ async def json_http_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """aiohttp's own answers (no such path, method not allowed, …) in the API's error
-    shape, as the handlers' are: a client's SDK parses every error body as JSON."""
+    shape, as the handlers' are: a client's SDK parses every error body as JSON. A handler's
+    unexpected exception (a bug) is logged with its traceback and answered as a 500 in that
+    shape too, not aiohttp's text/plain page — unless the answer had begun (a stream's
+    bytes went out): then aiohttp closes the connection, as it would have."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -157,6 +161,14 @@ async def json_http_errors(
         return error(anthropic_shape(request), exc.status, message,
                      code="not_found" if exc.status == 404 else None,
                      headers={"Allow": allow} if allow else None)  # fmt: skip
+    except ClientFaults.FAULTS:
+        raise  # the client's doing: aiohttp's server says it in one line (ClientFaults)
+    except Exception as exc:
+        if request.writer.output_size > 0:
+            raise  # an answer is under way: nothing else can be said on this connection
+        log.exception("unexpected error answering %s %s", request.method, request.path[:200])
+        return error(anthropic_shape(request), 500, f"internal error in the router: "
+                     f"{type(exc).__name__}", kind="api_error")  # fmt: skip
 
 
 class ClientFaults(logging.Filter):

@@ -8,15 +8,17 @@ to the engine of its ``model`` (a LoRA adapter: one that serves it; no ``model``
 model is served: that one) with the fewest requests in flight from this router, in turn
 among equals, skipping engines found down; the engine's answer — status, media type,
 body — comes back as it is, with the router's ``x-request-id`` (an error whose body is not
-JSON, in OpenAI's error shape). An engine that does not serve the path answers its own 404,
-passed on; one that does not answer is a 502 (504
-when silent past ``router.engine_timeout_s``) and is skipped for ``router.engine_down_s``.
+JSON, in OpenAI's error shape). The engine gets that id too, one per request as for a
+routed one (a client's ``x-request-id`` the first time, ``<id>~<n>`` after): an engine that
+takes it as its request id never sees a client's fixed id twice at once. An engine that
+does not serve the path answers its own 404, passed on; one that does not answer is a 502
+(504 when silent past ``router.engine_timeout_s``) and is skipped for
+``router.engine_down_s``.
 """
 
 from __future__ import annotations
 
 import itertools
-import uuid
 from typing import Final
 
 import aiohttp
@@ -58,8 +60,12 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if not state.authorized(request):
         return unauthorized(False)
     try:
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        check_id("x-request-id", request_id)
+        given = request.headers.get("x-request-id") or None
+        if given is not None:
+            check_id("x-request-id", given)
+        # the router's id, as a routed request's: the client's the first time, then <id>~<n>
+        # (an engine that takes it as its request id never sees one twice at once)
+        request_id = state.routing.attempt(given, 0.0)[0]
         raw = await edge.read_body(request, state.settings)
         try:
             model = _named.decode(raw).model

@@ -114,12 +114,14 @@ class RouterState:
         out = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         for name in self.forward_headers:
             value = request.headers.get(name)
-            if value is not None and is_text(value):
+            if value is not None and is_text(value) and name != "x-request-id":
                 out[name] = value  # (bytes that are not text are not passed on)
-        out.setdefault("x-request-id", request_id)
-        if engine is not None and not engine.request_id_header:
-            for name in [k for k in out if k.lower() == "x-request-id"]:
-                del out[name]
+        # The router's own id, never the client's (even when forward_headers names it): an
+        # engine that takes the header as its request id (vLLM --enable-request-id-headers)
+        # sees one id per attempt — a client's fixed id on concurrent requests would be one
+        # id twice — and it is the id of this request's grant, outcomes and answer.
+        if engine is None or engine.request_id_header:
+            out["x-request-id"] = request_id
         return out
 
 

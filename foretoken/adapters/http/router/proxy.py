@@ -341,7 +341,8 @@ def sse_error(message: str, kind: str = "api_error") -> bytes:
 
 
 class OpenAIStream:
-    """A streaming OpenAI client: the engine's events as they come."""
+    """A streaming OpenAI client: the engine's events as they come, without the usage the
+    router asked for and the client did not (``include_usage``)."""
 
     def __init__(self, request: web.Request, response: web.StreamResponse, chat: bool,
                  wants_usage: bool, n: int = 1, reports_cached: bool = False) -> None:  # fmt: skip
@@ -367,7 +368,14 @@ class OpenAIStream:
                         # shape the SDKs raise on, else they end the stream without a word
                         parts.append(sse_error(chunk.error_message))
                         continue
-                if self.reports_cached and _cached_omitted(chunk.usage):
+                if chunk.usage is not None and not self.wants_usage:
+                    # continuous_usage_stats without include_usage: the engine put usage on
+                    # every chunk because the router asked for usage (already measured);
+                    # vLLM gives it only with include_usage, so the client gets none
+                    doc = _json.decode(payload)
+                    doc.pop("usage", None)
+                    payload = _encoder.encode(doc)
+                elif self.reports_cached and _cached_omitted(chunk.usage):
                     doc = _json.decode(payload)
                     fill_cached(doc.get("usage"))
                     payload = _encoder.encode(doc)

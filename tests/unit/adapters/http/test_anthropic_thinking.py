@@ -13,7 +13,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from foretoken.adapters.http.router.anthropic import AnthropicRelay, decode_messages
+from foretoken.adapters.http.router.anthropic import (
+    AnthropicRelay,
+    decode_count_tokens,
+    decode_messages,
+)
 from foretoken.adapters.http.router.proxy import Measured
 from foretoken.adapters.http.router.requests import RequestError
 from tests.unit.adapters.http.engine_events import TOOL_TURN, Sink, delta
@@ -117,6 +121,29 @@ def test_thinking_is_checked_as_anthropic_checks_it() -> None:
         with pytest.raises(RequestError) as info:
             decode_messages(_body(thinking=value))
         assert info.value.status == 400 and info.value.param == param, value
+
+
+def test_thinking_display_is_taken_with_the_values_the_sdk_types() -> None:
+    """``display`` (the SDK's ThinkingConfigEnabledParam / ThinkingConfigAdaptiveParam) was
+    refused as an unknown field. Taken: the engine's reasoning is what it is."""
+    for display in ("summarized", "omitted", None):
+        for thinking in (THINKING, {"type": "adaptive"}):
+            body, _, upstream, _ = decode_messages(_body(thinking=thinking | {"display": display}))
+            assert "display" not in json.loads(upstream) and body.thinking["display"] == display
+    for value in ({"type": "enabled", "budget_tokens": 1024, "display": "full"},
+                  {"type": "adaptive", "display": 1},
+                  {"type": "disabled", "display": "omitted"}):  # fmt: skip
+        with pytest.raises(RequestError) as info:
+            decode_messages(_body(thinking=value))
+        assert info.value.status == 400 and info.value.param == "thinking.display", value
+    counted = msgspec.json.encode(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "adaptive", "display": "omitted"},
+        }
+    )
+    decode_count_tokens(counted)
 
 
 def test_an_earlier_answers_thinking_blocks_are_left_out_of_the_context() -> None:

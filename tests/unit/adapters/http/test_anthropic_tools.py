@@ -8,9 +8,12 @@ import asyncio
 import json
 
 import msgspec
+import pytest
 
-from foretoken.adapters.http.router.anthropic import AnthropicRelay, decode_messages
+from foretoken.adapters.http.router import anthropic_tools
+from foretoken.adapters.http.router.anthropic import AnthropicRelay, Block, decode_messages
 from foretoken.adapters.http.router.proxy import Measured
+from foretoken.adapters.http.router.requests import RequestError
 from tests.unit.adapters.http.engine_events import TOOL_TURN, Sink, delta
 
 WEATHER = {"name": "weather", "description": "Weather of a city",
@@ -152,3 +155,15 @@ def test_blocks_as_the_sdk_dumps_them_and_errors_of_tools_are_taken() -> None:
     assert sent[1]["content"] == [{"type": "text", "text": "Here is the doc."},
                                   {"type": "text", "text": "What is X?"}]  # fmt: skip
     assert sent[3] == {"role": "tool", "tool_call_id": "t1", "content": "Error: timeout"}
+
+
+def test_a_tool_use_input_too_deep_to_write_as_arguments_is_named() -> None:
+    """An input the body's decoder took that ``json.dumps`` cannot write (the stack is a few
+    frames deeper there): a 400 naming it, not a RecursionError (a 500)."""
+    deep: dict[str, object] = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    block = Block(type="tool_use", id="t1", name="weather", input=deep)
+    with pytest.raises(RequestError) as info:
+        anthropic_tools.call(block, "messages[1].content[0]")
+    assert info.value.status == 400 and info.value.param == "messages[1].content[0].input"

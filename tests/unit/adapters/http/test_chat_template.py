@@ -170,6 +170,28 @@ def test_tool_call_arguments_empty_become_an_object_and_bad_ones_are_refused() -
         t.render(bad)
 
 
+def test_tool_call_arguments_too_deep_or_with_half_a_character_are_refused() -> None:
+    """Arguments nested deeper than json.loads goes, or holding a lone surrogate escape
+    (valid JSON text whose string no tokenizer takes), are the request's fault: a clear
+    refusal, not a RecursionError or a string the tokenizer raises on after rendering."""
+    t = ChatTemplate("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                     "{{ c.function.arguments | tojson }};{% endfor %}{% endfor %}")  # fmt: skip
+
+    def calling(arguments: str) -> list[dict[str, Any]]:
+        call = {"function": {"name": "f", "arguments": arguments}}
+        return [{"role": "assistant", "content": None, "tool_calls": [call]}]
+
+    with pytest.raises(ChatTemplateError, match="nested too deeply"):
+        t.render(calling("[" * 100_000 + "]" * 100_000))
+    for half in ('{"city": "Paris \\ud83d"}', '{"\\uDC00": 1}', '[["\\ud800x"]]'):
+        with pytest.raises(ChatTemplateError, match="lone UTF-16 surrogate"):
+            t.render(calling(half))
+    # a whole character (a pair), an escaped backslash before "ud": text as any other
+    assert t.render(calling('{"c": "\\ud83d\\ude00", "p": "\\\\ud83d"}')) == (
+        '{"c": "\U0001f600", "p": "\\\\ud83d"};'
+    )
+
+
 def test_reasoning_reaches_the_template_as_vllm_passes_it() -> None:
     t = ChatTemplate("{% for m in messages %}[{{ m.reasoning_content }}|{{ m.reasoning }}]"
                      "{% endfor %}")  # fmt: skip

@@ -1,7 +1,9 @@
 """The router owns its request ids: every request gets its own, whatever ``x-request-id`` the
 client sends. Before: a client that sent one id for every request got the first request's
 decision again (same length; a duplicate grant and outcomes under one id) or a 409 its SDK
-retried four times (another length)."""
+retried four times (another length); and the engine got the client's id, not the router's,
+so concurrent requests with one fixed id were one id twice to an engine that takes the
+header as its request id (vLLM ``--enable-request-id-headers``)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.settings import load_settings
 from foretoken.wire.records import Grant, as_record
 from foretoken.wire.route_rpc import RouteRequest, RouteResponse
+from tests.unit.adapters.http.router_app import MODEL, FakeEngine, chat_events, running_router
 
 
 def _placement(request_id: str, client_id: str | None) -> Placement:
@@ -92,3 +95,23 @@ def test_an_id_the_route_service_placed_for_another_request_is_replaced_not_a_40
     assert grant.admitted and grant.worker_id == "w0"
     assert seen[0] == "taken" and len(seen) == 2
     assert grant.request_id == seen[1] and seen[1].startswith("taken~")
+
+
+async def test_the_engine_gets_the_routers_id_of_each_request_not_the_clients() -> None:
+    engine = FakeEngine(events=chat_events())
+    fixed = {"x-request-id": "fixed"}
+    chat = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    async with running_router(engine) as client:
+        answers = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=chat, headers=fixed) for _ in range(3)),
+            client.post("/v1/embeddings", json={"model": MODEL, "input": "x"}, headers=fixed),
+        )  # fmt: skip
+        assert [r.status for r in answers] == [200] * 4
+        given = sorted(r.headers["x-request-id"] for r in answers)
+    assert sorted(headers["x-request-id"] for _, headers, _ in engine.seen) == given
+    assert given == ["fixed", "fixed~2", "fixed~3", "fixed~4"]  # each its own, passthrough too
+    quiet = FakeEngine(events=chat_events())  # an engine that refuses the header gets none
+    async with running_router(quiet, request_id_header=False) as client:
+        assert (await client.post("/v1/chat/completions", json=chat, headers=fixed)).status == 200
+        assert (await client.post("/v1/embeddings", json={"model": MODEL}, headers=fixed)).ok
+    assert [p for p, headers, _ in quiet.seen if "x-request-id" in headers] == []

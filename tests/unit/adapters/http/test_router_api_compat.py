@@ -261,6 +261,33 @@ async def test_usage_says_zero_cached_tokens_for_an_engine_that_reports_them() -
         assert answer["usage"].get("prompt_tokens_details") == expected
 
 
+async def test_usage_on_every_chunk_only_when_the_client_asked_for_usage() -> None:
+    """``continuous_usage_stats`` without ``include_usage``: the engine puts usage on every
+    chunk because the router asks for usage (for its measurement); vLLM gives it only with
+    include_usage, so neither does the router. Before, every chunk had it."""
+    from foretoken.adapters.http.router.batch import _BatchStream, _Part
+
+    usage = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
+    content = msgspec.json.encode(
+        {
+            "object": "chat.completion.chunk",
+            "usage": usage,
+            "choices": [{"index": 0, "delta": {"content": "a"}}],
+        }
+    )
+    final = msgspec.json.encode({"choices": [], "usage": usage})
+    for wants in (False, True):
+        sink = _Sink()
+        stream = OpenAIStream(None, sink, chat=True, wants_usage=wants)  # type: ignore[arg-type]
+        await stream.send([(p, read_chunk(p)) for p in (content, final)])
+        events = _events(sink)
+        assert events[0]["choices"][0]["delta"] == {"content": "a", "role": "assistant"}
+        assert [e.get("usage") for e in events] == ([usage, usage] if wants else [None])
+        batch = _BatchStream(None, _Sink(), wants, False)  # type: ignore[arg-type]
+        await _Part(batch, 0).send([(content, None)])
+        assert ("usage" in _events(batch.response)[0]) is wants  # type: ignore[arg-type]
+
+
 async def test_the_assembled_answer_keeps_what_the_engine_said() -> None:
     collected = Collected(chat=True)
     events = [
