@@ -353,6 +353,9 @@ def bench_predict(
         help="Route by this baseline policy (e.g. least-outstanding-tokens); the "
         "predictor predicts as a read replica: a paired grading of predictor versions.",
     ),
+    max_tokens: str = typer.Option(
+        "exact", help="What clients send as max_tokens: exact, cap:N, none, loose or mix."
+    ),
     config: str | None = ConfigOpt,
 ) -> None:
     """Prediction accuracy against baselines: the Mooncake benchmark (no options), one
@@ -369,7 +372,8 @@ def bench_predict(
     try:
         predict_command(quick=quick, trace=trace, fleet=fleet, loads=loads, load=load,
                         limit=limit, seed=seed, matrix=matrix, jobs=jobs, explain=explain,
-                        json_path=json_path, routing=routing)  # fmt: skip
+                        json_path=json_path, routing=routing,
+                        max_tokens=max_tokens)  # fmt: skip
     except (ValueError, KeyError) as exc:
         raise fail(str(exc)) from exc
 

@@ -13,7 +13,8 @@ the replay and counted in the cell's ``refused`` (e.g. the 200k prompts of
 **Load** is relative to a calibrated capacity per (trace, fleet), as
 :mod:`foretoken.bench.predict_bench` calibrates: the knee of least-outstanding-tokens
 (TTFT p95 = 10 s), by bisection, as a fraction of the no-reuse capacity estimate (searched
-in ``CALIBRATION_RANGE``; ``calibration_capped`` in the run's JSON says it hit the top). A
+in ``CALIBRATION_RANGE``, then geometrically below it if no probe of the range held —
+decode-bound workloads; ``calibration_capped`` in the run's JSON says it hit the top). A
 generated fleet's schedule change is placed at the middle of each cell's run.
 
 In every cell, one replay: the live predictor from a cold start routes (``predictor``);
@@ -35,6 +36,7 @@ routed cell by several points for a small change of a prediction.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,7 @@ from foretoken.bench.baselines import SEED, ShadowBaselines, profile_replay, war
 from foretoken.bench.predict_bench import BASELINES, PROFILED, accuracy
 from foretoken.core.types import RequestId
 from foretoken.settings import load_settings
+from foretoken.sim.clients import MaxTokensModel
 from foretoken.sim.generate import WORKLOADS, random_fleet, workload_scale
 from foretoken.sim.policy import FleetLedger, make_policy
 from foretoken.sim.predictor_policy import PredictorPolicy
@@ -62,6 +65,9 @@ UNDER_BOUNDS = ("5", "10", "30")
 # above the no-reuse estimate, and a capped calibration would make 1.3x an underload.
 CALIBRATION_RANGE = (0.15, 2.0)
 CALIBRATION_P95_S = 10.0
+# Every probe overloaded (decode, not prefill, bounds the fleet: the estimate counts only
+# prefill): bisect again, geometrically, down to this fraction of the range's bottom.
+CALIBRATION_FLOOR_FACTOR = 0.02
 PROFILE_PER_WORKER_GAP_S = 20.0  # each worker gets one cold profile prompt this often
 PROFILE_MAX_OUTPUT = 16
 PROFILE_KEY_BASE = 1 << 50
@@ -111,11 +117,12 @@ def _raw_workload(name: str, n: int | None, fleet: FleetSpec, seed: int) -> list
     raise ValueError(f"unknown trace {name!r}: one of {known}, or a .jsonl / .csv file")
 
 
-def load_workload(name: str, n: int | None, fleet: FleetSpec,
-                  seed: int = 0) -> tuple[list[TraceRequest], int]:  # fmt: skip
+def load_workload(name: str, n: int | None, fleet: FleetSpec, seed: int = 0,
+                  max_tokens: str = "exact") -> tuple[list[TraceRequest], int]:  # fmt: skip
     """(the first ``n`` requests some engine can hold — all of them for a trace —,
-    how many of the considered ones were refused)."""
-    rows = _raw_workload(name, n, fleet, seed)
+    how many of the considered ones were refused), their clients' ``max_tokens`` set by
+    the model named ``max_tokens`` (:class:`foretoken.sim.clients.MaxTokensModel`)."""
+    rows = MaxTokensModel.parse(max_tokens).apply(_raw_workload(name, n, fleet, seed), seed)
     if name in WORKLOADS and n is not None:
         kept = [r for r in rows if fits_everywhere(r, fleet)][:n]
         considered = next((i + 1 for i, r in enumerate(rows) if r is kept[-1]), 0) if kept else 0
@@ -140,6 +147,18 @@ def calibrate(trace: list[TraceRequest], fleet: FleetSpec, steps: int) -> dict[s
         p95 = summary(result.records)["ttft_p95_s"]
         probes.append({"fraction": round(mid, 4), "ttft_p95_s": p95})
         low, high = (mid, high) if p95 is not None and p95 <= CALIBRATION_P95_S else (low, mid)
+    if low == CALIBRATION_RANGE[0]:  # no probe kept its p95: below the range
+        low, high = low * CALIBRATION_FLOOR_FACTOR, low
+        for _ in range(steps):
+            mid = math.sqrt(low * high)
+            policy = make_policy(
+                "least-outstanding-tokens", FleetLedger.for_fleet(fleet), seed=SEED
+            )
+            p95 = summary(replay(trace, fleet, policy, speedup=mid * base,
+                                 progress=False).records)["ttft_p95_s"]  # fmt: skip
+            probes.append({"fraction": round(mid, 5), "ttft_p95_s": p95})
+            ok = p95 is not None and p95 <= CALIBRATION_P95_S
+            low, high = (mid, high) if ok else (low, mid)
     return {"fraction_of_no_reuse": low, "probes": probes}
 
 
@@ -180,18 +199,19 @@ class Prepared:
     refused: int = 0
     requests: int = 0
     wall_s: float = 0.0
+    max_tokens: str = "exact"  # what the clients send (MaxTokensModel)
 
 
 def prepare(trace: str, fleet: str, limit: int | None, seed: int, *, calibration_steps: int,
-            profile_requests: int) -> Prepared:  # fmt: skip
+            profile_requests: int, max_tokens: str = "exact") -> Prepared:  # fmt: skip
     started = time.perf_counter()
     spec = get_fleet(fleet)
-    requests, refused = load_workload(trace, limit, spec, seed)
+    requests, refused = load_workload(trace, limit, spec, seed, max_tokens)
     cal = calibrate(requests, spec, calibration_steps)
     prof = profile(profile_lengths(trace, profile_requests, spec, seed), spec)
     return Prepared(trace, fleet, limit, seed, cal["fraction_of_no_reuse"], prof["fits"],
                     prof["replica_fits"], refused, len(requests),
-                    round(time.perf_counter() - started, 1))  # fmt: skip
+                    round(time.perf_counter() - started, 1), max_tokens)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- a cell
@@ -207,7 +227,7 @@ def cell_speedup(
 def cell_inputs(prep: Prepared, load: float) -> tuple[list[TraceRequest], FleetSpec, float]:
     """The cell's requests, fleet (its schedule change mid-run) and speedup."""
     fleet = get_fleet(prep.fleet)
-    requests, _ = load_workload(prep.trace, prep.limit, fleet, prep.seed)
+    requests, _ = load_workload(prep.trace, prep.limit, fleet, prep.seed, prep.max_tokens)
     speedup = cell_speedup(prep, requests, fleet, load)
     if fleet.schedule and prep.fleet.startswith("random-"):
         span_s = (requests[-1].arrival_s - requests[0].arrival_s) / speedup

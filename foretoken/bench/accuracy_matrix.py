@@ -37,7 +37,7 @@ from foretoken.bench.accuracy import CALIBRATION_RANGE, SCHEMA, Prepared, prepar
 from foretoken.bench.predict_bench import BASELINES, PROFILED
 
 TRACES = ("mooncake", "azure-code", "azure-conv", "poisson-long", "bursty", "shared-system",
-          "mix-1k-200k")  # fmt: skip
+          "mix-1k-200k", "decode-heavy")  # fmt: skip
 FLEETS = ("hetero", "small", "random-1", "random-2")
 QUICK_FLEETS = ("hetero", "small", "random-1")
 LOADS = (0.8, 1.0, 1.3)
@@ -56,10 +56,10 @@ FULL = Sizes(limit=1500, calibration_steps=6, profile_requests=240)
 SINGLE = Sizes(limit=500, calibration_steps=5, profile_requests=160)
 
 
-def _prepare(args: tuple[str, str, int | None, int, Sizes]) -> Prepared:
-    trace, fleet, limit, seed, sizes = args
+def _prepare(args: tuple[str, str, int | None, int, Sizes, str]) -> Prepared:
+    trace, fleet, limit, seed, sizes, max_tokens = args
     return prepare(trace, fleet, limit, seed, calibration_steps=sizes.calibration_steps,
-                   profile_requests=sizes.profile_requests)  # fmt: skip
+                   profile_requests=sizes.profile_requests, max_tokens=max_tokens)  # fmt: skip
 
 
 def _cell(args: tuple[Prepared, float, str | None]) -> dict[str, Any]:
@@ -67,17 +67,18 @@ def _cell(args: tuple[Prepared, float, str | None]) -> dict[str, Any]:
 
 
 def run_grid(pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Sizes, *,
-             limit: int | None, seed: int, jobs: int,
-             routing: str | None = None) -> dict[str, Any]:  # fmt: skip
+             limit: int | None, seed: int, jobs: int, routing: str | None = None,
+             max_tokens: str = "exact") -> dict[str, Any]:  # fmt: skip
     """Every (trace, fleet) of ``pairs`` at every load, in ``jobs`` processes: each pair's
     cells start as soon as its preparation is done. ``routing``: a baseline routing
-    policy instead of the predictor (:func:`foretoken.bench.accuracy.run_cell`)."""
+    policy instead of the predictor (:func:`foretoken.bench.accuracy.run_cell`);
+    ``max_tokens``: what the clients send (:class:`foretoken.sim.clients.MaxTokensModel`)."""
     started, cpu0 = time.perf_counter(), _cpu_s()
     if jobs <= 1:
-        preps = [_prepare((t, f, limit, seed, sizes)) for t, f in pairs]
+        preps = [_prepare((t, f, limit, seed, sizes, max_tokens)) for t, f in pairs]
         cells = [_cell((p, load, routing)) for p in preps for load in loads]
     else:
-        preps, cells = _in_pool(pairs, loads, sizes, limit, seed, jobs, routing)
+        preps, cells = _in_pool(pairs, loads, sizes, limit, seed, jobs, routing, max_tokens)
     order = {(t, f): i for i, (t, f) in enumerate(pairs)}
     cells.sort(key=lambda c: (order[(c["meta"]["trace"], c["meta"]["fleet"])], c["meta"]["load"]))
     rows = [row for cell in cells for row in cell["rows"]]
@@ -87,7 +88,8 @@ def run_grid(pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Si
         "cells": rows,
         "summary": summarize(rows) | {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
                                       "jobs": jobs, "load_average_1m": os.getloadavg()[0],
-                                      "routing": routing or "predictor"},
+                                      "routing": routing or "predictor",
+                                      "max_tokens": max_tokens},
         "runs": {"prepared": [_prep_meta(p, sizes) for p in preps],
                  "cells": [c["meta"] for c in cells], "sizes": asdict(sizes)},
     }  # fmt: skip
@@ -96,12 +98,13 @@ def run_grid(pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Si
 def _in_pool(
     pairs: Sequence[tuple[str, str]], loads: Sequence[float], sizes: Sizes,
     limit: int | None, seed: int, jobs: int, routing: str | None = None,
+    max_tokens: str = "exact",
 ) -> tuple[list[Prepared], list[dict]]:  # fmt: skip
     preps: list[Prepared] = []
     cells: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         pending: dict[Future[Any], str] = {
-            pool.submit(_prepare, (t, f, limit, seed, sizes)): "prep" for t, f in pairs
+            pool.submit(_prepare, (t, f, limit, seed, sizes, max_tokens)): "prep" for t, f in pairs
         }
         while pending:
             for done in as_completed(list(pending)):
@@ -235,20 +238,21 @@ def table(result: dict[str, Any]) -> str:
 
 def run_matrix(quick: bool, *, jobs: int, seed: int = 0, limit: int | None = None,
                traces: Sequence[str] = TRACES, fleets: Sequence[str] | None = None,
-               loads: Sequence[float] = LOADS,
-               routing: str | None = None) -> dict[str, Any]:  # fmt: skip
+               loads: Sequence[float] = LOADS, routing: str | None = None,
+               max_tokens: str = "exact") -> dict[str, Any]:  # fmt: skip
     sizes = QUICK if quick else FULL
     fleets = fleets or (QUICK_FLEETS if quick else FLEETS)
     pairs = [(t, f) for f in fleets for t in traces]
     out = run_grid(pairs, loads, sizes, limit=limit or sizes.limit, seed=seed, jobs=jobs,
-                   routing=routing)  # fmt: skip
+                   routing=routing, max_tokens=max_tokens)  # fmt: skip
     out["summary"]["mode"] = "matrix-quick" if quick else "matrix"
     return out
 
 
 def run_single(trace: str, fleet: str, loads: Sequence[float], *, limit: int | None,
-               seed: int, jobs: int, routing: str | None = None) -> dict[str, Any]:  # fmt: skip
+               seed: int, jobs: int, routing: str | None = None,
+               max_tokens: str = "exact") -> dict[str, Any]:  # fmt: skip
     out = run_grid([(trace, fleet)], loads, SINGLE, limit=limit or SINGLE.limit, seed=seed,
-                   jobs=jobs, routing=routing)  # fmt: skip
+                   jobs=jobs, routing=routing, max_tokens=max_tokens)  # fmt: skip
     out["summary"]["mode"] = "single"
     return out

@@ -226,10 +226,10 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def explain_command(trace: str, fleet: str, loads: Sequence[float], *, limit: int | None,
-                    seed: int, jobs: int) -> dict[str, Any]:  # fmt: skip
+                    seed: int, jobs: int, max_tokens: str = "exact") -> dict[str, Any]:  # fmt: skip
     started = time.perf_counter()
     prep = prepare(trace, fleet, limit or EXPLAIN_LIMIT, seed, calibration_steps=CALIBRATION_STEPS,
-                   profile_requests=PROFILE_REQUESTS)  # fmt: skip
+                   profile_requests=PROFILE_REQUESTS, max_tokens=max_tokens)  # fmt: skip
     work = [(prep, load) for load in loads]
     if jobs > 1 and len(work) > 1:
         # spawned, not forked: `prepare` read the trace with polars here, and a child forked

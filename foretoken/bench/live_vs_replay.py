@@ -38,11 +38,12 @@ from foretoken.adapters.ports import free_port, in_use
 from foretoken.adapters.processes import get_json, stop
 from foretoken.ops import demo, kafka_local
 from foretoken.settings import Settings, load_settings
+from foretoken.sim.clients import BoundMix
 from foretoken.sim.live.load import run_load
 from foretoken.sim.predictor_policy import PredictorPolicy
 from foretoken.sim.replay import replay
 from foretoken.sim.spec import load_fleet
-from foretoken.sim.traces import BoundMix, TraceRequest, load_mooncake
+from foretoken.sim.traces import TraceRequest, load_mooncake
 
 SPEEDUP = 0.5  # the trace at half its pace (the demo's warm-up pace: the fleet keeps up)
 FULL_TRACE_S, QUICK_TRACE_S = 120.0, 40.0  # of trace time

@@ -70,6 +70,7 @@ from foretoken.bench.baselines import (
 from foretoken.core.types import RequestId
 from foretoken.settings import load_settings
 from foretoken.sim.cache_aware import POLICY_NAME as CACHE_AWARE
+from foretoken.sim.clients import BoundMix
 from foretoken.sim.policy import (
     FleetLedger,
     make_policy,
@@ -77,7 +78,7 @@ from foretoken.sim.policy import (
 from foretoken.sim.predictor_policy import PredictorPolicy
 from foretoken.sim.replay import capacity_speedup, replay, summary
 from foretoken.sim.spec import FleetSpec, load_fleet
-from foretoken.sim.traces import BoundMix, TraceRequest, load_mooncake
+from foretoken.sim.traces import TraceRequest, load_mooncake
 from foretoken.wire.records import Graded
 
 FLEET = "hetero"

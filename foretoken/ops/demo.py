@@ -37,9 +37,10 @@ from foretoken.adapters.ports import free_port, in_use
 from foretoken.adapters.processes import foretoken_cmd, get_json, spawn, stop, wait_http
 from foretoken.ops import kafka_local
 from foretoken.settings import Settings, load_settings
+from foretoken.sim.clients import BoundMix
 from foretoken.sim.live.load import run_load
 from foretoken.sim.spec import load_fleet
-from foretoken.sim.traces import BoundMix, load_mooncake
+from foretoken.sim.traces import load_mooncake
 
 START_S = 120.0
 FLEET = "demo"

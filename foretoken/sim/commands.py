@@ -11,6 +11,7 @@ import foretoken.sim.cache_aware
 import foretoken.sim.predictor_policy  # noqa: F401  (registers the "predictor" policy)
 from foretoken.settings import ControlSettings, Settings
 from foretoken.sim.classes import ClassMix, class_summary, write_control_events
+from foretoken.sim.clients import BoundMix
 from foretoken.sim.live.load import run_load, write_results_parquet
 from foretoken.sim.policy import make_policy
 from foretoken.sim.predictor_policy import ApproxPredictorPolicy, PredictorPolicy
@@ -23,7 +24,6 @@ from foretoken.sim.replay import (
 )
 from foretoken.sim.spec import load_fleet
 from foretoken.sim.traces import (
-    BoundMix,
     TraceFormatError,
     TraceRequest,
     load_azure,

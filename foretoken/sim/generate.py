@@ -12,7 +12,10 @@ calibrated speedup), built from the trace module's generators:
   follow-ups);
 * ``shared-system``: many sessions, every one starting with the same 8k-token system
   prompt, half of the requests follow-up turns, prompts of mean ≈ 12k;
-* ``mix-1k-200k``: Poisson arrivals, 97% prompts ≈ 1k tokens, 3% ≈ 200k; nothing shared.
+* ``mix-1k-200k``: Poisson arrivals, 97% prompts ≈ 1k tokens, 3% ≈ 200k; nothing shared;
+* ``decode-heavy``: Poisson arrivals, short prompts (median 1.5k) and long answers (median
+  1k, up to 8k tokens: reasoning models), half the sessions with a system prompt, 30%
+  follow-ups — queue waits bound by running decodes (seats, KV) more than by prefill.
 
 ``scale`` multiplies every prompt length (a fleet whose engines hold fewer tokens gets
 shorter prompts: :func:`workload_scale`); the 200k prompts of ``mix-1k-200k`` are never
@@ -49,6 +52,7 @@ LONG_SIGMA = 0.8
 LONG_MEAN_TOKENS = 15_000
 LONG_MEDIAN_TOKENS = int(LONG_MEAN_TOKENS / math.exp(LONG_SIGMA**2 / 2))  # mean = m·e^(σ²/2)
 OUTPUT = LengthDistribution(median=128, sigma=0.8, min_tokens=4, max_tokens=1024)
+LONG_OUTPUT = LengthDistribution(median=1000, sigma=0.7, min_tokens=64, max_tokens=8192)
 SHARED_SYSTEM_TOKENS = 8192
 MIX_SHORT_TOKENS = 1000
 MIX_LONG_TOKENS = 200_000
@@ -129,11 +133,26 @@ def mix_1k_200k(n: int, seed: int = 0, scale: float = 1.0) -> list[TraceRequest]
     ]
 
 
+def decode_heavy(n: int, seed: int = 0, scale: float = 1.0) -> list[TraceRequest]:
+    """Poisson arrivals, short prompts, long answers (``LONG_OUTPUT``), light sharing."""
+    prompt = LengthDistribution(
+        median=_scaled(1500, scale), sigma=0.8, min_tokens=_scaled(64, scale),
+        max_tokens=_scaled(16_000, scale),
+    )  # fmt: skip
+    sharing = SharingModel(
+        system_prompt_tokens=(_scaled(512, scale), _scaled(1024, scale)),
+        system_prompt_fraction=0.5, followup_probability=0.3, seed=seed,
+    )  # fmt: skip
+    return synthetic_requests(n, rate_rps=1.0, prompt=prompt, output=LONG_OUTPUT,
+                              burstiness=1.0, sharing=sharing, seed=seed)  # fmt: skip
+
+
 WORKLOADS: dict[str, Callable[[int, int, float], list[TraceRequest]]] = {
     "poisson-long": poisson_long,
     "bursty": bursty,
     "shared-system": shared_system,
     "mix-1k-200k": mix_1k_200k,
+    "decode-heavy": decode_heavy,
 }
 
 

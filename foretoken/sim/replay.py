@@ -267,7 +267,7 @@ class _Replay:
             arrival_s=arrival_s,
             prompt_tokens=request.prompt_tokens,
             token_ids=token_ids,
-            max_tokens=request.output_tokens,
+            max_tokens=request.sent_max_tokens,
             max_queue_wait_s=request.max_queue_wait_s,
             conversation_id=request.conversation_id,
             workload_class=request.workload_class,

@@ -71,8 +71,6 @@ DEFAULT_FOLLOWUP_PROBABILITY = 0.3
 DEFAULT_SESSION_IDLE_S = 600.0
 DEFAULT_MAX_OPEN_SESSIONS = 1024
 # BoundMix weights must sum to one within this tolerance.
-WEIGHT_SUM_TOLERANCE = 1e-6
-NO_BOUND_LABEL = "none"
 
 
 # The traces shipped in the repository (data/traces, with their licenses and a README).
@@ -152,6 +150,8 @@ class TraceRequest:
     token_seed: int = 0
     vocab_size: int = DEFAULT_VOCAB_SIZE
     workload_class: str = "default"
+    # the client's max_tokens: None = its output (it asked for what it got); 0 = none sent
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.segment_keys) != len(self.segment_lengths):
@@ -176,6 +176,11 @@ class TraceRequest:
 
     def with_class(self, workload_class: str) -> TraceRequest:
         return replace(self, workload_class=workload_class)
+
+    @property
+    def sent_max_tokens(self) -> int | None:
+        """What the client sends as max_tokens (None: nothing)."""
+        return self.output_tokens if self.max_tokens is None else (self.max_tokens or None)
 
 
 def _check_speedup(speedup: float) -> None:
@@ -541,60 +546,3 @@ def synthetic_requests(
         speedup=1.0,
         vocab_size=vocab_size,
     )
-
-
-# ---------------------------------------------------------------------------- bounds
-
-
-@dataclass(frozen=True, slots=True)
-class BoundMix:
-    """A mix of per-request ``max_queue_wait_s`` values, e.g. ``"5:0.2,30:0.5,none:0.3"``.
-
-    ``assign`` gives each value to exactly its share of the requests (largest remainder
-    rounding) in a seeded random order, so a mix is exact and reproducible."""
-
-    bounds: tuple[float | None, ...]
-    weights: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if not self.bounds or len(self.bounds) != len(self.weights):
-            raise ValueError("a bound mix needs one weight per bound and at least one bound")
-        if len(set(self.bounds)) != len(self.bounds):
-            raise ValueError("a bound appears twice in the mix")
-        if any(b is not None and not (b > 0 and math.isfinite(b)) for b in self.bounds):
-            raise ValueError("bounds must be positive finite seconds or none")
-        if any(not (w >= 0 and math.isfinite(w)) for w in self.weights):
-            raise ValueError("weights must be non-negative")
-        if abs(sum(self.weights) - 1.0) > WEIGHT_SUM_TOLERANCE:
-            raise ValueError(f"weights must sum to 1, got {sum(self.weights)}")
-
-    @classmethod
-    def parse(cls, text: str) -> BoundMix:
-        bounds: list[float | None] = []
-        weights: list[float] = []
-        for item in text.split(","):
-            bound_text, sep, weight_text = item.strip().partition(":")
-            if not sep or not bound_text.strip() or not weight_text.strip():
-                raise ValueError(f"bound mix item {item!r} is not BOUND:WEIGHT")
-            try:
-                is_none = bound_text.strip().lower() == NO_BOUND_LABEL
-                bounds.append(None if is_none else float(bound_text))
-                weights.append(float(weight_text))
-            except ValueError as exc:
-                raise ValueError(f"bound mix item {item!r}: {exc}") from exc
-        return cls(tuple(bounds), tuple(weights))
-
-    def draw(self, n: int, seed: int = 0) -> list[float | None]:
-        """``n`` bounds with exactly the mix's shares, in a seeded random order."""
-        quotas = np.asarray(self.weights) * n
-        counts = np.floor(quotas).astype(np.int64)
-        shortfall = n - int(counts.sum())
-        counts[np.argsort(-(quotas - counts), kind="stable")[:shortfall]] += 1
-        order = np.random.default_rng(seed).permutation(n)
-        labels = np.repeat(np.arange(len(self.bounds)), counts)[order]
-        return [self.bounds[int(k)] for k in labels]
-
-    def assign(self, requests: Sequence[TraceRequest], seed: int = 0) -> list[TraceRequest]:
-        return [
-            r.with_bound(b) for r, b in zip(requests, self.draw(len(requests), seed), strict=True)
-        ]

@@ -17,7 +17,7 @@ an outcome that overtakes its grant is remembered until the grant comes.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import itemgetter
@@ -418,6 +418,19 @@ class WorkerQueue:
                     estimate.remove(entry.request_id)
             self._pending.clear()
         estimate.advance(now_s, cost)
+
+    def reestimate(self, expected: Callable[[RequestId], int | None]) -> bool:
+        """New expected output lengths for the outstanding requests (None: keep one's):
+        the estimate is replayed afresh when any changed."""
+        changed = False
+        for entry in self._requests.values():
+            new = expected(entry.request_id)
+            if new is not None and new != entry.expected_output_tokens:
+                entry.expected_output_tokens = new
+                changed = True
+        if changed:
+            self._rebuild()
+        return changed
 
     def _rebuild(self) -> None:
         """Start the estimate afresh: replay every outstanding request from its send time,

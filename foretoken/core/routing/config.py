@@ -23,8 +23,12 @@ class PredictorConfig:
     stickiness_margin_s: float = 0.5
     min_retry_after_s: float = 0.5
     max_retry_after_s: float = 120.0
-    # Output tokens assumed for a request that names no max_tokens.
+    # Output tokens assumed for a request that names no max_tokens, until answers without
+    # one were seen (learn_output_lengths).
     default_output_tokens: int = 128
+    # Learn answers' lengths from completions (core/routing/outputs.py): a max_tokens is a
+    # cap, not a length. Off: every request is expected to use its whole cap.
+    learn_output_lengths: bool = True
     # A request sent to a worker with no outcome for this long leaves its queue model.
     outstanding_max_age_s: float = 900.0
     # A decision of this service whose grant has not come back on `grants` within this long

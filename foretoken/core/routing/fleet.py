@@ -15,7 +15,7 @@ other's first token, when it is heard of, came after this one's send.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from foretoken.core.queue.scheduler import KvModel
@@ -115,6 +115,11 @@ class WorkerBook:
                 else:
                     self.alone[other] = False
             self.alone[rid] = deferred
+
+    def reestimate(self, expected: Callable[[RequestId], int | None]) -> int:
+        """New expected output lengths (:meth:`WorkerQueue.reestimate`) in every queue;
+        how many queues changed."""
+        return sum(queue.reestimate(expected) for queue in self.queues.values())
 
     def started(self, rid: RequestId, t: float) -> None:
         """``rid``'s first token came at ``t`` (or it ended then without one): the requests

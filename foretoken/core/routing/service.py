@@ -34,6 +34,7 @@ from foretoken.core.routing.controls import REJECT_REASON, LatencyControls
 from foretoken.core.routing.decide import P90, Decider, decision
 from foretoken.core.routing.fleet import WorkerBook
 from foretoken.core.routing.learn import Learner
+from foretoken.core.routing.outputs import OutputLengths
 from foretoken.core.routing.predict import Candidate, Predictions
 from foretoken.core.types import (
     GradedRequest,
@@ -85,6 +86,9 @@ class RouteService:
         self.learner = Learner(index, self.fits, self.book, self.config, self.quantiles,
                                self.predictions.tier_costs, self.unconfirmed)  # fmt: skip
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
+        self.outputs = OutputLengths(self.config.default_output_tokens,
+                                     self.config.decision_memory,
+                                     self.config.learn_output_lengths)  # fmt: skip
         self.overruled = 0  # our decisions another one replaced (see _withdraw_overruled)
         # Grants naming a worker this service does not know (retired, never registered, or
         # registered after the grant): graded, but in no queue model.
@@ -128,7 +132,8 @@ class RouteService:
         if grant.admitted and grant.worker_id is not None:
             if grant.worker_id not in self.book.queues:
                 self.unknown_worker_grants += 1
-            expected = grant.expected_output_tokens or self.config.default_output_tokens
+            self.outputs.sent(grant.request_id, grant.model, grant.expected_output_tokens)
+            expected = self.outputs.expected(grant.model, grant.expected_output_tokens)
             self.book.enqueue(grant.worker_id, grant.request_id, grant.ts, grant.prompt_tokens,
                               grant.cached_tokens, expected)  # fmt: skip
 
@@ -190,6 +195,13 @@ class RouteService:
             self.quantiles.drop(outcome.request_id)  # no residual will come (or it came)
             if scale is not None:
                 scale.forget(outcome.request_id)
+        if outcome.status != "ok":
+            self.outputs.forget(outcome.request_id)
+        elif outcome.kind == "completion" and outcome.output_tokens:
+            revision = self.outputs.revision
+            self.outputs.completed(outcome.request_id, outcome.output_tokens)
+            if self.outputs.revision != revision:
+                self.book.reestimate(self.outputs.expected_for)
         self.learner.on_outcome(outcome, now_s)
 
     def on_kv_batch(self, batch: KvBatch, now_s: float) -> None:
@@ -256,7 +268,7 @@ class RouteService:
         prompt_tokens: int | None = None, output_tokens: int | None = None,
         cache_salt: str | None = None, lora_name: str | None = None,
     ) -> list[Candidate]:  # fmt: skip
-        out = output_tokens or self.config.default_output_tokens
+        out = self.outputs.expected(model, output_tokens)
         return self.predictions.candidates(model, tokens, now_s, prompt_tokens, out, cache_salt,
                                            lora_name)  # fmt: skip
 
@@ -325,7 +337,8 @@ class RouteService:
         prompt the worker's held prefixes."""
         wid = result.worker_id
         assert wid is not None
-        expected = query.expected_output_tokens or self.config.default_output_tokens
+        self.outputs.sent(query.request_id, query.model, query.expected_output_tokens)
+        expected = self.outputs.expected(query.model, query.expected_output_tokens)
         self.book.enqueue(wid, query.request_id, now_s, query.prompt_length,
                           result.cached_tokens, expected, chosen.pinned_tokens)  # fmt: skip
         if chosen.chain is not None:

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from foretoken.sim.clients import BoundMix
 from foretoken.sim.traces import (
     AZURE_CODE_FILE,
     AZURE_CONV_FILE,
     MOONCAKE_BLOCK_TOKENS,
     MOONCAKE_FILE,
     TRACES_DIR_ENV,
-    BoundMix,
     LengthDistribution,
     SharingModel,
     TraceFormatError,

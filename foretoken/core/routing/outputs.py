@@ -1,0 +1,144 @@
+"""How long a request's answer will be, learned from completions (PRODUCT.md §3 "Output
+lengths").
+
+A queue model replays every outstanding request's decode: when it leaves, its KV blocks
+and its seat free up for the prompts behind it. The router knows only the ``max_tokens``
+its client sent — a cap, not a length: SDKs and apps send fixed caps (4096) or nothing,
+and answers end at their own end of sequence, far below. Taken as the length, a cap makes
+every running request hold its seat and blocks several times too long, and every wait
+behind a full batch comes out several times too long.
+
+:class:`OutputLengths` learns, per model, from each completion (its ``output_tokens``)
+and the cap its request was sent with:
+
+* for requests **with a cap** ``C``: the mean share of the cap used, ``q = L / C``, per
+  power-of-two bucket of ``C`` (one client's fixed cap is one bucket; a client whose cap
+  is its answer's length shows q = 1 in every bucket, and its caps stay exact), and over
+  all caps; the expected length is ``C·q`` of the cap's bucket once it has
+  ``BUCKET_MIN`` samples, else of all caps once there are ``MIN_SAMPLES``, else ``C``;
+* for requests **without** one: the mean length of such answers (``MIN_SAMPLES``), else
+  of every answer, else ``default_output_tokens`` (as before any was learned).
+
+Means are running means over the last ~``HORIZON`` samples (weight ``1/min(n,
+HORIZON)``), so a change of clients is followed. Failed and cancelled requests say
+nothing of a length and are dropped. Outstanding requests were queued with the estimate of
+their time; when a mean first becomes usable or moves by more than ``REESTIMATE_CHANGE``
+``revision`` grows, and the route service gives every queued request its new estimate
+(a burst sent before the first completion would otherwise hold its caps to the end).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from foretoken.core.types import ModelName, RequestId
+
+MIN_SAMPLES = 8
+BUCKET_MIN = 4
+HORIZON = 256
+# A learned mean this far (relative) from the one the queue models last took: they take
+# the new one (``revision``), outstanding requests included.
+REESTIMATE_CHANGE = 0.1
+
+
+@dataclass(slots=True)
+class _Mean:
+    n: int = 0
+    mean: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.mean += (x - self.mean) / min(self.n, HORIZON)
+
+
+@dataclass(slots=True)
+class _Model:
+    share_by_cap: dict[int, _Mean] = field(default_factory=dict)  # by floor(log2(cap))
+    share: _Mean = field(default_factory=_Mean)
+    uncapped: _Mean = field(default_factory=_Mean)
+    lengths: _Mean = field(default_factory=_Mean)
+
+
+def _bucket(cap: int) -> int:
+    return cap.bit_length()
+
+
+class OutputLengths:
+    """Expected output tokens per (model, cap sent), learned from completions."""
+
+    def __init__(self, default_output_tokens: int, memory: int, learn: bool = True) -> None:
+        if default_output_tokens < 1 or memory < 1:
+            raise ValueError("default_output_tokens and memory must be >= 1")
+        self.default_output_tokens = default_output_tokens
+        self.learn = learn
+        self.memory = memory
+        self.models: dict[ModelName, _Model] = {}
+        self.pending: OrderedDict[RequestId, tuple[ModelName, int | None]] = OrderedDict()
+        self.learned = 0
+        self.revision = 0
+        self._taken: dict[tuple[ModelName, int | None], float] = {}  # means at the revision
+
+    def expected(self, model: ModelName, cap: int | None) -> int:
+        """The expected output tokens of a request for ``model`` sent with ``cap``."""
+        m = self.models.get(model)
+        if cap is None:
+            if m is not None:
+                for mean in (m.uncapped, m.lengths):
+                    if mean.n >= MIN_SAMPLES:
+                        return max(1, round(mean.mean))
+            return self.default_output_tokens
+        if m is None:
+            return cap
+        bucket = m.share_by_cap.get(_bucket(cap))
+        if bucket is not None and bucket.n >= BUCKET_MIN:
+            share = bucket.mean
+        elif m.share.n >= MIN_SAMPLES:
+            share = m.share.mean
+        else:
+            return cap
+        return max(1, min(cap, math.ceil(cap * share)))
+
+    def expected_for(self, rid: RequestId) -> int | None:
+        """The expected output of an outstanding request (None: not one we know)."""
+        known = self.pending.get(rid)
+        return None if known is None else self.expected(*known)
+
+    def sent(self, rid: RequestId, model: ModelName, cap: int | None) -> None:
+        """A request went out with this cap (a decision or another router's grant)."""
+        if rid not in self.pending:
+            self.pending[rid] = (model, cap)
+            if len(self.pending) > self.memory:
+                self.pending.popitem(last=False)
+
+    def forget(self, rid: RequestId) -> None:
+        self.pending.pop(rid, None)
+
+    def completed(self, rid: RequestId, output_tokens: int) -> None:
+        """A request's answer ended after ``output_tokens``."""
+        known = self.pending.pop(rid, None)
+        if known is None or output_tokens < 1 or not self.learn:
+            return
+        model, cap = known
+        m = self.models.setdefault(model, _Model())
+        m.lengths.add(output_tokens)
+        self.learned += 1
+        if cap is None:
+            m.uncapped.add(output_tokens)
+            self._moved(model, None, m.uncapped, MIN_SAMPLES)
+            return
+        share = min(output_tokens / cap, 1.0)
+        m.share.add(share)
+        bucket = m.share_by_cap.setdefault(_bucket(cap), _Mean())
+        bucket.add(share)
+        self._moved(model, 0, m.share, MIN_SAMPLES)
+        self._moved(model, _bucket(cap), bucket, BUCKET_MIN)
+
+    def _moved(self, model: ModelName, key: int | None, mean: _Mean, usable: int) -> None:
+        if mean.n < usable:
+            return
+        taken = self._taken.get((model, key))
+        if taken is None or abs(mean.mean - taken) > REESTIMATE_CHANGE * taken:
+            self._taken[(model, key)] = mean.mean
+            self.revision += 1

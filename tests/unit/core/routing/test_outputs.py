@@ -1,0 +1,134 @@
+"""Expected output lengths learned from completions: a max_tokens is a cap, not a length
+(a client that asks for exactly what it gets keeps its caps exact)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from foretoken.core.routing.outputs import BUCKET_MIN, MIN_SAMPLES, OutputLengths
+from foretoken.core.types import ModelName, RequestId, RouteDecision
+from foretoken.wire.records import Outcome, SchedulerSettings
+from foretoken.wire.route_rpc import RouteRequest
+from tests.unit.core.routing.one_worker import one_worker
+
+M = ModelName("m")
+OTHER = ModelName("other")
+
+
+def learned(pairs: list[tuple[int | None, int]], model: ModelName = M) -> OutputLengths:
+    outputs = OutputLengths(default_output_tokens=128, memory=10_000)
+    for i, (cap, length) in enumerate(pairs):
+        rid = RequestId(f"r{i}")
+        outputs.sent(rid, model, cap)
+        outputs.completed(rid, length)
+    return outputs
+
+
+def test_before_any_completion_the_cap_or_the_default() -> None:
+    outputs = OutputLengths(default_output_tokens=128, memory=16)
+    assert outputs.expected(M, 2048) == 2048
+    assert outputs.expected(M, None) == 128
+
+
+def test_exact_clients_keep_exact_caps() -> None:
+    rng = np.random.default_rng(1)
+    lengths = [int(x) for x in rng.integers(4, 3000, size=200)]
+    outputs = learned([(n, n) for n in lengths])
+    for cap in (7, 100, 1000, 2999, 50_000):
+        assert outputs.expected(M, cap) == cap
+
+
+def test_a_fixed_cap_is_expected_at_the_mean_answer() -> None:
+    rng = np.random.default_rng(2)
+    lengths = np.clip(np.rint(np.exp(rng.normal(np.log(200), 0.8, 400))), 1, 2048)
+    outputs = learned([(2048, int(n)) for n in lengths])
+    expected = outputs.expected(M, 2048)
+    assert abs(expected / lengths[-256:].mean() - 1) < 0.25
+    assert outputs.expected(OTHER, 2048) == 2048  # per model
+
+
+def test_caps_of_another_size_use_their_own_bucket_once_it_has_samples() -> None:
+    pairs: list[tuple[int | None, int]] = [(4096, 400)] * MIN_SAMPLES  # loose clients
+    outputs = learned(pairs + [(64, 64)] * BUCKET_MIN)  # and exact ones with small caps
+    assert outputs.expected(M, 64) == 64
+    assert outputs.expected(M, 4096) == 400
+    assert outputs.expected(M, 6000) == pytest.approx(6000 * 400 / 4096, rel=0.01)  # 4k-8k
+    # a bucket not seen yet: the share over every cap
+    share = (MIN_SAMPLES * 400 / 4096 + BUCKET_MIN) / (MIN_SAMPLES + BUCKET_MIN)
+    assert outputs.expected(M, 1000) == pytest.approx(1000 * share, abs=1)
+
+
+def test_requests_without_a_cap_take_the_mean_of_such_answers() -> None:
+    outputs = learned([(None, 300)] * MIN_SAMPLES + [(1000, 1000)] * MIN_SAMPLES)
+    assert outputs.expected(M, None) == 300
+
+
+def test_unknown_failed_and_forgotten_requests_teach_nothing() -> None:
+    outputs = OutputLengths(default_output_tokens=128, memory=4)
+    outputs.completed(RequestId("never-sent"), 10)
+    outputs.sent(RequestId("x"), M, 100)
+    outputs.forget(RequestId("x"))
+    outputs.completed(RequestId("x"), 10)
+    assert outputs.learned == 0 and outputs.expected(M, 100) == 100
+    for i in range(10):  # the memory is bounded: the oldest pending request is dropped
+        outputs.sent(RequestId(f"p{i}"), M, 100)
+    assert len(outputs.pending) == 4
+
+
+def test_learning_off_keeps_the_caps() -> None:
+    outputs = OutputLengths(default_output_tokens=128, memory=100, learn=False)
+    for i in range(50):
+        outputs.sent(RequestId(f"r{i}"), M, 2048)
+        outputs.completed(RequestId(f"r{i}"), 100)
+    assert outputs.expected(M, 2048) == 2048
+
+
+def test_the_revision_moves_when_a_mean_becomes_usable_or_moves() -> None:
+    outputs = learned([(1000, 100)] * (BUCKET_MIN - 1))
+    assert outputs.revision == 0
+    outputs.sent(RequestId("a"), M, 1000)
+    outputs.completed(RequestId("a"), 100)
+    first = outputs.revision
+    assert first == 1  # the cap's bucket became usable
+    outputs.sent(RequestId("b"), M, 1000)
+    outputs.completed(RequestId("b"), 110)  # a small move: no new revision
+    assert outputs.revision == first
+    outputs.sent(RequestId("c"), M, 1000)
+    assert outputs.expected_for(RequestId("c")) == outputs.expected(M, 1000)
+    assert outputs.expected_for(RequestId("gone")) is None
+
+
+# ---------------------------------------------------------------- in the route service
+
+
+def _burst_then_probe(learn: bool) -> float:
+    """Twelve requests sent with max_tokens 4096 to a 4-seat worker, the first four
+    answered after 64 tokens each; the queue wait then predicted for one more."""
+    service = one_worker(SchedulerSettings(max_num_batched_tokens=2048, max_num_seqs=4))
+    service.outputs.learn = learn
+
+    def send(rid: str, t: float) -> RouteDecision:
+        query = RouteRequest(request_id=rid, model="m", token_ids=tuple(range(512)),
+                             expected_output_tokens=4096).query()  # fmt: skip
+        return service.route(query, t, t)
+
+    for i in range(12):
+        send(f"r{i}", 0.0)
+    for i in range(4):
+        service.on_outcome(Outcome(request_id=f"r{i}", ts=0.1, kind="first_token",
+                                   worker_id="w0", actual_ttft_s=0.1), 0.1)  # fmt: skip
+    for i in range(4):
+        done = Outcome(request_id=f"r{i}", ts=1.0, kind="completion", worker_id="w0",
+                       actual_ttft_s=0.1, output_tokens=64, e2e_s=1.0)  # fmt: skip
+        service.on_outcome(done, 1.0)
+    probe = send("probe", 1.0)
+    assert probe.queue_wait_s is not None
+    return probe.queue_wait_s
+
+
+def test_a_burst_queued_with_its_caps_is_re_estimated_once_answers_are_seen() -> None:
+    """The eight still queued were sent before any answer came: they keep their caps
+    (4096 steps each before a seat frees) unless re-estimated; learned, 64 tokens."""
+    learned_wait, capped_wait = _burst_then_probe(True), _burst_then_probe(False)
+    assert capped_wait > 10 * learned_wait
