@@ -176,7 +176,7 @@ def _add_snapshots(app: faust.App, state: ProcessorState) -> None:
     async def snapshot_index() -> None:
         loop = asyncio.get_running_loop()
         # small: sample windows of a few hundred points per worker
-        data = fits_bytes(state.settings, state.fits)
+        data = fits_bytes(state.settings, state.fits, state.outputs)
         try:
             await loop.run_in_executor(None, write_atomically, fits_path(state.settings), data)
         except OSError as exc:
@@ -185,7 +185,7 @@ def _add_snapshots(app: faust.App, state: ProcessorState) -> None:
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     def snapshot_on_shutdown(app: faust.App, **kwargs: Any) -> None:
-        save_fits(state.settings, state.fits)
+        save_fits(state.settings, state.fits, state.outputs)
         state.index.save()
 
 
@@ -352,7 +352,7 @@ def run_worker(settings: Settings) -> None:
 
         mode.loop.use("uvloop")  # before Faust makes its loop (and its consumer thread's)
     app, state = create_app(settings, keeper)
-    if load_fits(settings, state.fits):
+    if load_fits(settings, state.fits, state.outputs):
         log.info("restored the fits from %s", fits_path(settings))
     faust_worker(app, settings.worker.log_level).execute_from_commandline()
 

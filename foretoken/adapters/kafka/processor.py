@@ -113,6 +113,10 @@ class ProcessorState:
     def fits(self) -> Any:
         return self.core.service.fits
 
+    @property
+    def outputs(self) -> Any:
+        return self.core.service.outputs
+
     def retired(self, key: bytes) -> WorkerRegistration | None:
         """A ``workers`` tombstone (the topic is compacted, keyed by worker id): the worker's
         last registration, marked removed; None for a worker this process never saw."""

@@ -33,6 +33,8 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import msgspec
+
 from foretoken.core.types import ModelName, RequestId
 
 MIN_SAMPLES = 8
@@ -63,6 +65,16 @@ class _Model:
 
 def _bucket(cap: int) -> int:
     return cap.bit_length()
+
+
+class _MeanState(msgspec.Struct, array_like=True, frozen=True):
+    model: str
+    key: str  # "share", "uncapped", "lengths", or a cap bucket's number
+    n: int
+    mean: float
+
+
+_SCALARS = ("share", "uncapped", "lengths")
 
 
 class OutputLengths:
@@ -104,6 +116,34 @@ class OutputLengths:
         """The expected output of an outstanding request (None: not one we know)."""
         known = self.pending.get(rid)
         return None if known is None else self.expected(*known)
+
+    def state(self) -> bytes:
+        """The learned means (a processor's snapshot, beside its fits), as msgpack."""
+        rows = [_MeanState(model, key, mean.n, mean.mean) for model, m in self.models.items()
+                for key, mean in [*((k, getattr(m, k)) for k in _SCALARS),
+                                  *((str(b), v) for b, v in m.share_by_cap.items())]]  # fmt: skip
+        return msgspec.msgpack.encode(rows)
+
+    def load_state(self, data: bytes) -> None:
+        """Take a snapshot's means (raises ``ValueError`` on a malformed one)."""
+        try:
+            rows = msgspec.msgpack.decode(data, type=list[_MeanState])
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"output lengths snapshot: {exc}") from exc
+        models: dict[ModelName, _Model] = {}
+        for row in rows:
+            if row.n < 0 or not math.isfinite(row.mean) or row.mean < 0:
+                raise ValueError(f"output lengths snapshot: a bad mean for {row.model}")
+            m = models.setdefault(ModelName(row.model), _Model())
+            mean = _Mean(row.n, row.mean)
+            if row.key in _SCALARS:
+                setattr(m, row.key, mean)
+            elif row.key.isdigit():
+                m.share_by_cap[int(row.key)] = mean
+            else:
+                raise ValueError(f"output lengths snapshot: unknown key {row.key!r}")
+        self.models = models
+        self.revision += 1
 
     def sent(self, rid: RequestId, model: ModelName, cap: int | None) -> None:
         """A request went out with this cap (a decision or another router's grant)."""

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+import pytest
+
 from foretoken.adapters.kafka.fits_file import fits_path, load_fits, save_fits
 from foretoken.adapters.kafka.processor import ProcessorState
-from foretoken.core.types import WorkerId
+from foretoken.core.routing.outputs import OutputLengths
+from foretoken.core.types import ModelName, RequestId, WorkerId
 from foretoken.settings import load_settings
 from foretoken.wire.records import SchedulerSettings, WorkerEndpoints, WorkerRegistration
 
@@ -59,3 +63,33 @@ def test_fits_learned_from_other_topics_are_not_lent(tmp_path: Path) -> None:
     )
     elsewhere = ProcessorState(settings)
     assert not load_fits(elsewhere.settings, elsewhere.fits)
+
+
+def test_learned_answer_lengths_survive_a_restart(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    outputs = state.outputs
+    for i in range(40):
+        rid = RequestId(f"r{i}")
+        outputs.sent(rid, ModelName("m"), 4096 if i % 2 else None)
+        outputs.completed(rid, 300 + i)
+    learned = (outputs.expected(ModelName("m"), 4096), outputs.expected(ModelName("m"), None))
+    assert learned[0] < 4096 and learned[1] != outputs.default_output_tokens
+    save_fits(state.settings, state.fits, outputs)
+    restarted = _state(tmp_path)
+    assert restarted.outputs.expected(ModelName("m"), 4096) == 4096  # before loading
+    assert load_fits(restarted.settings, restarted.fits, restarted.outputs)
+    again = restarted.outputs
+    assert (again.expected(ModelName("m"), 4096), again.expected(ModelName("m"), None)) == learned
+    # a file without them (an older processor's) loads the fits, the lengths learned afresh
+    save_fits(state.settings, state.fits)
+    fresh = _state(tmp_path)
+    assert load_fits(fresh.settings, fresh.fits, fresh.outputs)
+    assert fresh.outputs.expected(ModelName("m"), 4096) == 4096
+
+
+def test_a_malformed_lengths_snapshot_is_refused() -> None:
+    outputs = OutputLengths(default_output_tokens=128, memory=8)
+    for bad in (b"\x00", msgspec.msgpack.encode([["m", "nope", 3, 1.0]]),
+                msgspec.msgpack.encode([["m", "share", 3, float("nan")]])):  # fmt: skip
+        with pytest.raises(ValueError, match="output lengths snapshot"):
+            outputs.load_state(bad)
