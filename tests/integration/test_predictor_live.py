@@ -67,3 +67,7 @@ def test_fits_learn_each_engines_curve(stack: Stack) -> None:
         )
     default = 1.5e-4 * 6000 + 2.5e-9 * 6000**2
     assert all(f["a"] * 6000 + f["b"] * 36e6 < default / 2 for f in learned.values())
+    # every answer used its whole max_tokens (the simulated engines stop there): the route
+    # service learned that from the router's completions, so caps here stay lengths
+    lengths = get_json(f"{stack.worker.url}/v1/fits")["output_lengths"][MODEL]
+    assert lengths["capped_samples"] > 0 and lengths["share_of_cap"] == 1.0

@@ -183,6 +183,8 @@ def add_pages(app: faust.App, state: ProcessorState) -> None:
             # per worker: the learned load cost of each lower tier, and its queue-wait scale
             "tier_load": {w: preds.tier_costs.describe(w) for w in workers},
             "wait_scale": {w: scale.factor(w) if scale is not None else 1.0 for w in workers},
+            # per model: the answer lengths learned for max_tokens caps (core/routing/outputs)
+            "output_lengths": service.outputs.describe(),
         })  # fmt: skip
 
     @app.page("/v1/cache/{model}")

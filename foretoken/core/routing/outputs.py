@@ -117,6 +117,20 @@ class OutputLengths:
         known = self.pending.get(rid)
         return None if known is None else self.expected(*known)
 
+    def describe(self) -> dict[str, object]:
+        """What was learned, per model (``/v1/fits`` ``output_lengths``)."""
+        out: dict[str, object] = {}
+        for model, m in sorted(self.models.items()):
+            caps = {f"{1 << (b - 1)}-{(1 << b) - 1}": {"share": round(v.mean, 4), "samples": v.n}
+                    for b, v in sorted(m.share_by_cap.items())}  # fmt: skip
+            out[model] = {
+                "share_of_cap": round(m.share.mean, 4), "capped_samples": m.share.n,
+                "by_cap": caps, "mean_without_cap": round(m.uncapped.mean, 1),
+                "uncapped_samples": m.uncapped.n, "mean_answer": round(m.lengths.mean, 1),
+                "expected_without_cap": self.expected(model, None),
+            }  # fmt: skip
+        return out
+
     def state(self) -> bytes:
         """The learned means (a processor's snapshot, beside its fits), as msgpack."""
         rows = [_MeanState(model, key, mean.n, mean.mean) for model, m in self.models.items()

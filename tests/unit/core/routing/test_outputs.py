@@ -132,3 +132,11 @@ def test_a_burst_queued_with_its_caps_is_re_estimated_once_answers_are_seen() ->
     (4096 steps each before a seat frees) unless re-estimated; learned, 64 tokens."""
     learned_wait, capped_wait = _burst_then_probe(True), _burst_then_probe(False)
     assert capped_wait > 10 * learned_wait
+
+
+def test_what_was_learned_is_described_per_model() -> None:
+    outputs = learned([(2048, 512)] * 10 + [(None, 100)] * MIN_SAMPLES)
+    described = outputs.describe()["m"]
+    assert isinstance(described, dict)
+    assert described["by_cap"] == {"2048-4095": {"share": 0.25, "samples": 10}}
+    assert described["expected_without_cap"] == 100 and described["uncapped_samples"] == 8
