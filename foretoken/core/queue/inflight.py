@@ -46,6 +46,7 @@ from foretoken.core.queue.scheduler import (
     _Seq,
     prefill_span,
 )
+from foretoken.core.queue.tails import OutputTail, tail_done
 from foretoken.core.types import SchedulerSettings
 
 
@@ -63,6 +64,7 @@ class InFlightEstimate:
         self._future_version = -1
         self._future_until_s = math.inf  # when a prefill's grace (lag_s) runs out
         self._lag_s = 0.0
+        self._tails = 0  # sequences whose answer length is a distribution (tails.py)
 
     @property
     def running_count(self) -> int:
@@ -103,16 +105,20 @@ class InFlightEstimate:
 
     def arrive(
         self, key: object, at_s: float, prompt_tokens: int, cached_tokens: int,
-        output_tokens: int, pinned_tokens: int = -1,
+        output_tokens: int, pinned_tokens: int = -1, tail: OutputTail | None = None,
     ) -> None:  # fmt: skip
         """A request reaches the engine's waiting queue at ``at_s`` (after :meth:`advance`
         to ``at_s``; an earlier ``at_s`` is taken as a late correction); ``pinned_tokens``:
-        of its cached tokens, those another sequence holds (-1: all; see ``KvModel``)."""
+        of its cached tokens, those another sequence holds (-1: all; see ``KvModel``);
+        ``tail``: its answer's length as a distribution (``tails.py``; None: fixed)."""
         if key in self._seqs:
             return
         self._version += 1
         first, prompt = prefill_span(prompt_tokens, cached_tokens)
         seq = _Seq(first, first, prompt, max(output_tokens, MIN_OUTPUT_TOKENS_LEFT), key)
+        if tail is not None:
+            seq.tail = tail
+            self._tails += 1
         seq.blocks = self._scheduler.blocks_of(seq, output_tokens, pinned_tokens)
         self._wake(at_s)
         self._scheduler.waiting.append(seq)
@@ -144,6 +150,7 @@ class InFlightEstimate:
         if seq is None:
             return
         self._version += 1
+        self._tails -= seq.tail is not None
         scheduler = self._scheduler
         if seq.where == _WAITING:
             scheduler.waiting.remove(seq)
@@ -253,7 +260,7 @@ class InFlightEstimate:
         ):
             lag_s = self._lag_s
             future = native_walk.record_estimate(self._scheduler, self.settings, now_s, cost,
-                                                 lag_s)  # fmt: skip
+                                                 lag_s, tails=self._tails > 0)  # fmt: skip
             if future is None:  # a cost or a queue the native walk does not model
                 scheduler, tokens_ahead = self._replay_copy(now_s)
                 future = Future.record(scheduler, self.settings, now_s, cost, tokens_ahead)
@@ -304,8 +311,11 @@ class InFlightEstimate:
             scheduler.dec_done = list(compress(source.dec_done, seen))
             scheduler.dec_seqs = list(compress(source.dec_seqs, seen))
         done = scheduler.dec_done
+        if self._tails:
+            done = tail_done(scheduler.dec_seqs, done, base)
         if done and min(done) < base + MIN_OUTPUT_TOKENS_LEFT:  # outlived their estimate
-            scheduler.dec_done = [max(d, base + MIN_OUTPUT_TOKENS_LEFT) for d in done]
+            done = [max(d, base + MIN_OUTPUT_TOKENS_LEFT) for d in done]
+        scheduler.dec_done = done
         scheduler.prefilling = prefilling
         for seq in source.waiting:
             copy = _Seq(seq.first, seq.computed, seq.end, seq.expected)

@@ -32,6 +32,7 @@ from foretoken.core.queue.scheduler import (
     _Scheduler,
     _Seq,
 )
+from foretoken.core.queue.tails import tail_done
 from foretoken.core.types import SchedulerSettings
 
 try:
@@ -63,10 +64,11 @@ PORTED = {
                               "pinned_tokens"}),
     "stretch": frozenset({"start_s", "steps", "per_step_s", "chunks", "budget_left", "running",
                           "waiting", "kv_used"}),
-    # done_s (when the estimate finished a prefill) is read by the hand-over here, in
-    # Python (record_estimate): the crate's replay takes the result, not the field.
+    # done_s (when the estimate finished a prefill) and tail (an answer's learned length)
+    # are read by the hand-over here, in Python (record_estimate): the crate's replay
+    # takes the result (seen decoders, their last steps), not the fields.
     "seq": frozenset({"blocks", "computed", "done_s", "end", "expected", "first", "key", "left",
-                      "order", "seen", "where"}),
+                      "order", "seen", "tail", "where"}),
     "scheduler": frozenset(
         {"budget", "max_seqs", "chunked", "cap", "retire", "prefilling", "dec_orders",
          "dec_done", "dec_seqs", "waiting", "free_at_s", "steps", "next_order", "record",
@@ -102,7 +104,7 @@ def coefficients(cost: StepCost) -> tuple[float, float, float, float] | None:
 
 def record_estimate(
     source: _Scheduler, settings: SchedulerSettings, now_s: float, cost: StepCost,
-    lag_s: float = 0.0,
+    lag_s: float = 0.0, *, tails: bool = False,
 ) -> NativeFuture | None:  # fmt: skip
     """The recorded future of an in-flight estimate's scheduler (``source``, ``retire=False``),
     replayed natively; None when the native walk does not model ``cost`` (or the queue
@@ -111,9 +113,10 @@ def record_estimate(
     The hand-over is ``InFlightEstimate._replay_copy`` as plain tuples: a running sequence
     without a first token keeps its last chunk and all its output; decoders whose first
     token was not seen yet prefill again (the estimate ran ahead of the engine); decoders
-    that outlived their estimate have one token left; every sequence keeps its KV blocks,
-    and the running ones' are reserved. ``lag_s``: a decoder whose prefill the estimate
-    finishes after ``now_s − lag_s`` counts as seen (its first token due, or on its way)."""
+    that outlived their estimate have one token left, unless they carry a tail (``tails``:
+    some may; ``tails.py``); every sequence keeps its KV blocks, and the running ones' are
+    reserved. ``lag_s``: a decoder whose prefill the estimate finishes after
+    ``now_s − lag_s`` counts as seen (its first token due, or on its way)."""
     quadratic = coefficients(cost)
     if quadratic is None:
         return None
@@ -129,6 +132,8 @@ def record_estimate(
         orders, done = list(compress(orders, seen)), list(compress(done, seen))
         decs = list(compress(decs, seen))
     base = source.steps
+    if tails:
+        done = tail_done(decs, done, base)
     if done and min(done) < base + MIN_OUTPUT_TOKENS_LEFT:
         done = [max(d, base + MIN_OUTPUT_TOKENS_LEFT) for d in done]
     blocks = [s.blocks for s in decs]

@@ -39,11 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
-from typing import Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 import msgspec
 
 from foretoken.core.types import SchedulerSettings
+
+if TYPE_CHECKING:
+    from foretoken.core.queue.tails import OutputTail
 
 # Output tokens a sequence is assumed to have left when its estimate has run out.
 MIN_OUTPUT_TOKENS_LEFT: Final = 1
@@ -220,7 +223,7 @@ class _Seq:
 
     __slots__ = (
         "blocks", "computed", "done_s", "end", "expected", "first", "key", "left", "order", "seen",
-        "where",
+        "tail", "where",
     )  # fmt: skip
 
     def __init__(self, first: int, computed: int, end: int, left: int, key: object = None) -> None:
@@ -235,6 +238,7 @@ class _Seq:
         self.where = _WAITING
         self.blocks = 0  # KV blocks reserved while running (with a KvModel)
         self.done_s = math.inf  # when the simulation finished its prefill
+        self.tail: OutputTail | None = None  # its answer's length as learned (tails.py)
 
 
 class _Scheduler:

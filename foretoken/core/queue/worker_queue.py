@@ -34,6 +34,7 @@ from foretoken.core.queue.scheduler import (
     StepCost,
     prefill_span,
 )
+from foretoken.core.queue.tails import OutputTail
 from foretoken.core.types import RequestId, SchedulerSettings
 
 SNAPSHOT_VERSION: Final = 1
@@ -69,6 +70,7 @@ class Outstanding:
     expected_output_tokens: int
     first_token_s: float | None = None
     pinned_tokens: int = -1  # of the cached tokens, those another sequence holds (-1: all)
+    tail: OutputTail | None = None  # its answer's length as learned (tails.py; not snapshot)
 
 
 # (time, arrival number, kind, request): ordered by time, then by arrival.
@@ -145,15 +147,17 @@ class WorkerQueue:
         cached_tokens: int,
         expected_output_tokens: int,
         pinned_tokens: int = -1,
+        tail: OutputTail | None = None,
     ) -> bool:
         """A request was sent to this worker; False if it is already known.
         ``pinned_tokens``: of its cached tokens, those a sequence already there holds (the
-        rest take blocks from the engine's free pool; -1: all, see ``KvModel``)."""
+        rest take blocks from the engine's free pool; -1: all, see ``KvModel``); ``tail``:
+        its answer's length as a distribution (``tails.py``; None: the expected is exact)."""
         if request_id in self._requests or request_id in self._finished:
             return False
         entry = Outstanding(
             request_id, sent_at_s, prompt_tokens, cached_tokens, expected_output_tokens,
-            pinned_tokens=pinned_tokens,
+            pinned_tokens=pinned_tokens, tail=tail,
         )  # fmt: skip
         self._requests[request_id] = entry
         self._push(sent_at_s, _ARRIVE, entry)
@@ -411,6 +415,7 @@ class WorkerQueue:
                         entry.cached_tokens,
                         entry.expected_output_tokens,
                         entry.pinned_tokens,
+                        entry.tail,
                     )
                 elif kind == _FIRST_TOKEN:
                     estimate.first_token(entry.request_id, at_s)
@@ -419,15 +424,22 @@ class WorkerQueue:
             self._pending.clear()
         estimate.advance(now_s, cost)
 
-    def reestimate(self, expected: Callable[[RequestId], int | None]) -> bool:
-        """New expected output lengths for the outstanding requests (None: keep one's):
-        the estimate is replayed afresh when any changed."""
+    def reestimate(
+        self, expected: Callable[[RequestId], int | None],
+        tail: Callable[[RequestId], OutputTail | None] | None = None,
+    ) -> bool:  # fmt: skip
+        """New expected output lengths for the outstanding requests (None: keep one's),
+        and with ``tail`` their tails where they had none: the estimate is replayed afresh
+        when any changed."""
         changed = False
         for entry in self._requests.values():
             new = expected(entry.request_id)
             if new is not None and new != entry.expected_output_tokens:
                 entry.expected_output_tokens = new
                 changed = True
+            if tail is not None and entry.tail is None:
+                entry.tail = tail(entry.request_id)
+                changed = changed or entry.tail is not None
         if changed:
             self._rebuild()
         return changed

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from foretoken.core.queue.scheduler import KvModel
+from foretoken.core.queue.tails import OutputTail
 from foretoken.core.queue.worker_queue import WorkerQueue
 from foretoken.core.routing.sharing import RecentSends
 from foretoken.core.types import RequestId, WorkerId, WorkerProfile
@@ -89,7 +90,7 @@ class WorkerBook:
 
     def enqueue(
         self, wid: WorkerId, rid: RequestId, sent_s: float, n: int, cached: int, expected: int,
-        pinned: int = -1,
+        pinned: int = -1, tail: OutputTail | None = None,
     ) -> None:  # fmt: skip
         """A request sent there (idempotent by request id). "Alone" for a prefill sample: no
         other prompt waiting or prefilling when it was sent, and none sent before its first
@@ -101,7 +102,7 @@ class WorkerBook:
             return
         was_idle = self.idle(wid)
         seat = self.has_capacity(wid)
-        if queue.add(rid, sent_s, n, cached, expected, pinned):
+        if queue.add(rid, sent_s, n, cached, expected, pinned, tail):
             self.recent.sent(wid, sent_s, n - cached)
             if was_idle and seat:
                 self.idle_start[wid] = (rid, sent_s)
@@ -116,10 +117,13 @@ class WorkerBook:
                     self.alone[other] = False
             self.alone[rid] = deferred
 
-    def reestimate(self, expected: Callable[[RequestId], int | None]) -> int:
-        """New expected output lengths (:meth:`WorkerQueue.reestimate`) in every queue;
-        how many queues changed."""
-        return sum(queue.reestimate(expected) for queue in self.queues.values())
+    def reestimate(
+        self, expected: Callable[[RequestId], int | None],
+        tail: Callable[[RequestId], OutputTail | None] | None = None,
+    ) -> int:  # fmt: skip
+        """New expected output lengths and tails (:meth:`WorkerQueue.reestimate`) in every
+        queue; how many queues changed."""
+        return sum(queue.reestimate(expected, tail) for queue in self.queues.values())
 
     def started(self, rid: RequestId, t: float) -> None:
         """``rid``'s first token came at ``t`` (or it ended then without one): the requests

@@ -30,7 +30,8 @@ their time; when a mean first becomes usable or moves by more than ``REESTIMATE_
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from bisect import bisect_left, bisect_right, insort
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import msgspec
@@ -43,6 +44,8 @@ HORIZON = 256
 # A learned mean this far (relative) from the one the queue models last took: they take
 # the new one (``revision``), outstanding requests included.
 REESTIMATE_CHANGE = 0.1
+# Every learned share at least this close to 1: answers run to their caps (exact caps).
+EXACT_SHARE = 1e-9
 
 
 @dataclass(slots=True)
@@ -55,12 +58,62 @@ class _Mean:
         self.mean += (x - self.mean) / min(self.n, HORIZON)
 
 
+class _Window:
+    """The last ``HORIZON`` samples, also kept sorted: quantiles of those above a value."""
+
+    __slots__ = ("order", "sorted")
+
+    def __init__(self) -> None:
+        self.order: deque[float] = deque()
+        self.sorted: list[float] = []
+
+    def add(self, x: float) -> None:
+        self.order.append(x)
+        if len(self.order) > HORIZON:
+            del self.sorted[bisect_left(self.sorted, self.order.popleft())]
+        insort(self.sorted, x)
+
+    def quantile_above(self, x: float, u: float) -> float | None:
+        """The ``u`` quantile of the samples greater than ``x`` (None: none is)."""
+        values = self.sorted
+        i = bisect_right(values, x)
+        n = len(values)
+        if i == n:
+            return None
+        return values[min(i + int(u * (n - i)), n - 1)]
+
+
+class Tail:
+    """One request's answer length as learned (``core/queue/tails.py``): a quantile of the
+    learned lengths above what it produced, minus that; shares of its ``cap`` when it was
+    sent with one. Past every sample: the learned mean again (at most what the cap leaves)."""
+
+    __slots__ = ("cap", "mean", "window")
+
+    def __init__(self, window: _Window, cap: int, mean: float) -> None:
+        self.window = window
+        self.cap = cap  # 0: lengths in tokens, no cap
+        self.mean = mean  # in the window's unit
+
+    def left(self, produced: int, u: float) -> int:
+        scale = self.cap or 1
+        done = produced / scale
+        above = self.window.quantile_above(done, u)
+        tokens = (above - done if above is not None else self.mean) * scale
+        if self.cap:
+            tokens = min(tokens, self.cap - produced)
+        return max(1, math.ceil(tokens))
+
+
 @dataclass(slots=True)
 class _Model:
     share_by_cap: dict[int, _Mean] = field(default_factory=dict)  # by floor(log2(cap))
     share: _Mean = field(default_factory=_Mean)
     uncapped: _Mean = field(default_factory=_Mean)
     lengths: _Mean = field(default_factory=_Mean)
+    # the same samples' last HORIZON values, for the tails
+    share_windows: dict[int, _Window] = field(default_factory=dict)  # 0: every cap
+    uncapped_window: _Window = field(default_factory=_Window)
 
 
 def _bucket(cap: int) -> int:
@@ -111,6 +164,34 @@ class OutputLengths:
         else:
             return cap
         return max(1, min(cap, math.ceil(cap * share)))
+
+    def tail(self, model: ModelName, cap: int | None) -> Tail | None:
+        """The answer length of a request for ``model`` sent with ``cap`` as learned, for a
+        decoder's residual length (None: nothing learned, or every answer ran to its cap —
+        the cap is the length)."""
+        m = self.models.get(model)
+        if m is None:
+            return None
+        if cap is None:  # (a restored snapshot has the means, not the windows)
+            window = m.uncapped_window
+            usable = len(window.sorted) >= MIN_SAMPLES
+            return Tail(window, 0, m.uncapped.mean) if usable else None
+        key = _bucket(cap)
+        bucket, found = m.share_by_cap.get(key), m.share_windows.get(key)
+        if bucket is not None and found is not None and len(found.sorted) >= BUCKET_MIN:
+            mean = bucket.mean
+        else:
+            found, mean = m.share_windows.get(0), m.share.mean
+            if found is None or len(found.sorted) < MIN_SAMPLES:
+                return None
+        if found.sorted[0] >= 1.0 - EXACT_SHARE:
+            return None
+        return Tail(found, cap, mean)
+
+    def tail_for(self, rid: RequestId) -> Tail | None:
+        """:meth:`tail` of an outstanding request (None: not one we know, or no tail)."""
+        known = self.pending.get(rid)
+        return None if known is None else self.tail(*known)
 
     def expected_for(self, rid: RequestId) -> int | None:
         """The expected output of an outstanding request (None: not one we know)."""
@@ -180,12 +261,15 @@ class OutputLengths:
         self.learned += 1
         if cap is None:
             m.uncapped.add(output_tokens)
+            m.uncapped_window.add(output_tokens)
             self._moved(model, None, m.uncapped, MIN_SAMPLES)
             return
         share = min(output_tokens / cap, 1.0)
         m.share.add(share)
         bucket = m.share_by_cap.setdefault(_bucket(cap), _Mean())
         bucket.add(share)
+        for key in (0, _bucket(cap)):
+            m.share_windows.setdefault(key, _Window()).add(share)
         self._moved(model, 0, m.share, MIN_SAMPLES)
         self._moved(model, _bucket(cap), bucket, BUCKET_MIN)
 

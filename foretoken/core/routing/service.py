@@ -134,8 +134,9 @@ class RouteService:
                 self.unknown_worker_grants += 1
             self.outputs.sent(grant.request_id, grant.model, grant.expected_output_tokens)
             expected = self.outputs.expected(grant.model, grant.expected_output_tokens)
+            tail = self.outputs.tail(grant.model, grant.expected_output_tokens)
             self.book.enqueue(grant.worker_id, grant.request_id, grant.ts, grant.prompt_tokens,
-                              grant.cached_tokens, expected)  # fmt: skip
+                              grant.cached_tokens, expected, tail=tail)  # fmt: skip
 
     def _withdraw_overruled(self, grant: RouteDecision, now_s: float) -> None:
         """Our decision for this request was not the one the router used (it timed out and
@@ -201,7 +202,7 @@ class RouteService:
             revision = self.outputs.revision
             self.outputs.completed(outcome.request_id, outcome.output_tokens)
             if self.outputs.revision != revision:
-                self.book.reestimate(self.outputs.expected_for)
+                self.book.reestimate(self.outputs.expected_for, self.outputs.tail_for)
         self.learner.on_outcome(outcome, now_s)
 
     def on_kv_batch(self, batch: KvBatch, now_s: float) -> None:
@@ -339,8 +340,9 @@ class RouteService:
         assert wid is not None
         self.outputs.sent(query.request_id, query.model, query.expected_output_tokens)
         expected = self.outputs.expected(query.model, query.expected_output_tokens)
+        tail = self.outputs.tail(query.model, query.expected_output_tokens)
         self.book.enqueue(wid, query.request_id, now_s, query.prompt_length,
-                          result.cached_tokens, expected, chosen.pinned_tokens)  # fmt: skip
+                          result.cached_tokens, expected, chosen.pinned_tokens, tail)  # fmt: skip
         if chosen.chain is not None:
             self.predictions.sent.add(query.request_id, wid, chosen.chain)
             self.learner.remember_prompt(query.request_id, wid, chosen.chain)

@@ -141,6 +141,17 @@ def test_the_native_walk_of_python_stretches_equals_the_python_walk(
     assert_same(python, native, news, later)
 
 
+class _Tail:
+    """An answer whose length is a distribution (core/queue/tails.py): what is left
+    depends on what was produced."""
+
+    def left(self, produced: int, u: float) -> int:
+        return 1 + (produced * 7) % 13 + int(10 * u)
+
+
+TAIL = _Tail()
+
+
 @PROPERTY
 @given(settings_st, quadratic_st, st.integers(0, 2**32), news_st, kv_st,
        st.sampled_from([0.0, 0.005, 0.05, 1.0]))  # fmt: skip
@@ -162,7 +173,7 @@ def test_an_in_flight_estimate_records_the_same_future_either_way(
         roll = rng.random()
         if roll < 0.55 or not keys:
             estimate.arrive(step, now, rng.randint(1, 150), rng.randint(0, 40), rng.randint(1, 8),
-                            rng.randint(-1, 40))  # fmt: skip
+                            rng.randint(-1, 40), rng.choice([None, TAIL]))  # fmt: skip
             keys.append(step)
         elif roll < 0.8:
             estimate.first_token(rng.choice(keys), now)
@@ -233,8 +244,9 @@ def test_a_worker_queue_predicts_the_same_either_way(settings_, q, seed, kv) -> 
             sizes = (rng.randint(1, 400), rng.randint(0, 100), rng.randint(1, 9),
                      rng.randint(-1, 100))  # fmt: skip
             sent.append(rid)
+            tail = rng.choice([None, TAIL])
             for queue in (native, python):
-                queue.add(rid, now, *sizes)
+                queue.add(rid, now, *sizes, tail=tail)
         elif roll < 0.75:
             rid = rng.choice(sent)
             for queue in (native, python):

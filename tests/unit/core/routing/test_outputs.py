@@ -140,3 +140,59 @@ def test_what_was_learned_is_described_per_model() -> None:
     assert isinstance(described, dict)
     assert described["by_cap"] == {"2048-4095": {"share": 0.25, "samples": 10}}
     assert described["expected_without_cap"] == 100 and described["uncapped_samples"] == 8
+
+
+# ---------------------------------------------------------------------------- tails
+
+
+def test_no_tail_before_enough_answers_nor_for_exact_clients() -> None:
+    assert learned([(2048, 100)] * (BUCKET_MIN - 1)).tail(M, 2048) is None
+    assert learned([(n, n) for n in range(10, 400, 7)]).tail(M, 300) is None  # exact caps
+    assert learned([(None, 50)] * (MIN_SAMPLES - 1)).tail(M, None) is None
+    assert learned([(2048, 100)] * BUCKET_MIN).tail(OTHER, 2048) is None  # per model
+
+
+def test_a_running_answer_has_the_residual_lengths_of_answers_that_ran_as_long() -> None:
+    rng = np.random.default_rng(3)
+    lengths = np.clip(np.rint(np.exp(rng.normal(np.log(200), 0.9, 600))), 1, 1500).astype(int)
+    outputs = learned([(2048, int(n)) for n in lengths])
+    tail = outputs.tail(M, 2048)
+    assert tail is not None
+    recent = np.sort(lengths[-256:])
+    for produced in (1, 100, 300, 800):
+        above = recent[recent > produced]
+        for u in (0.1, 0.5, 0.9):
+            want = above[int(u * len(above))] - produced
+            assert tail.left(produced, u) == pytest.approx(want, abs=1.5)
+    # an answer that outlived the mean has about as long again left, not one token
+    mean = outputs.expected(M, 2048)
+    assert tail.left(mean + 50, 0.5) > mean / 2
+    # past every answer seen: the mean again, within what the cap leaves
+    assert tail.left(int(recent.max()) + 1, 0.5) == pytest.approx(mean, abs=2)
+    assert tail.left(2040, 0.5) <= 8
+
+
+def test_a_cap_of_another_size_scales_the_shares() -> None:
+    outputs = learned([(1000, n) for n in (100, 200, 300, 400)] * 3)
+    tail = outputs.tail(M, 1500)  # no 1024-2047 bucket yet: the shares over every cap
+    assert tail is not None
+    assert tail.left(1, 0.0) == pytest.approx(1500 * 0.1, abs=1)
+    assert tail.left(1, 0.99) == pytest.approx(1500 * 0.4, abs=1)
+    assert tail.left(450, 0.5) == pytest.approx(1500 * 0.4 - 450, abs=1)  # above .3: .4
+
+
+def test_answers_without_a_cap_have_a_tail_in_tokens() -> None:
+    outputs = learned([(None, n) for n in (10, 20, 30, 40)] * 2)
+    tail = outputs.tail(M, None)
+    assert tail is not None
+    assert tail.left(25, 0.25) == 5  # above 25: 30, 30, 40, 40
+    assert tail.left(25, 0.75) == 15
+    assert tail.left(100, 0.5) == 25  # past every answer: the mean
+
+
+def test_a_restored_snapshot_has_no_tail_until_answers_come_again() -> None:
+    outputs = learned([(2048, 100 + i) for i in range(20)])
+    restored = OutputLengths(default_output_tokens=128, memory=100)
+    restored.load_state(outputs.state())
+    assert restored.expected(M, 2048) == outputs.expected(M, 2048)
+    assert restored.tail(M, 2048) is None
