@@ -29,6 +29,10 @@ class PredictorConfig:
     # Learn answers' lengths from completions (core/routing/outputs.py): a max_tokens is a
     # cap, not a length. Off: every request is expected to use its whole cap.
     learn_output_lengths: bool = True
+    # Before any answer under a cap was seen: a cap many requests share is a client's
+    # setting (an SDK's or app's), not a length — such requests are expected to answer at
+    # most this many tokens (0: take every cap as the length until answers are seen).
+    cold_output_tokens: int = 512
     # A request sent to a worker with no outcome for this long leaves its queue model.
     outstanding_max_age_s: float = 900.0
     # A decision of this service whose grant has not come back on `grants` within this long
@@ -154,6 +158,8 @@ class PredictorConfig:
             raise ValueError(f"queue_walk must be native or python, got {self.queue_walk!r}")
         if self.default_output_tokens < 1 or self.learner_max_cached_share < 1:
             raise ValueError("default_output_tokens and learner_max_cached_share must be >= 1")
+        if self.cold_output_tokens < 0:
+            raise ValueError("cold_output_tokens must be >= 0 (0: off)")
         if min(self.decision_memory, self.conversation_memory) < 1:
             raise ValueError("decision_memory and conversation_memory must be >= 1")
         if self.admission_quantile is not None and not 0 < self.admission_quantile < 1:

@@ -44,6 +44,10 @@ HORIZON = 256
 # A learned mean this far (relative) from the one the queue models last took: they take
 # the new one (``revision``), outstanding requests included.
 REESTIMATE_CHANGE = 0.1
+# A cap this many of a model's last SETTING_WINDOW capped requests were sent with is a
+# client's setting, not a length (``cold_output_tokens`` until answers are learned).
+SETTING_MIN = 4
+SETTING_WINDOW = 64
 # Every learned share at least this close to 1: answers run to their caps (exact caps).
 EXACT_SHARE = 1e-9
 
@@ -105,6 +109,29 @@ class Tail:
         return max(1, math.ceil(tokens))
 
 
+class _Caps:
+    """The caps of a model's last ``SETTING_WINDOW`` capped requests, counted."""
+
+    __slots__ = ("counts", "order")
+
+    def __init__(self) -> None:
+        self.order: deque[int] = deque()
+        self.counts: dict[int, int] = {}
+
+    def add(self, cap: int) -> int:
+        """Count ``cap``; how many of the window have it now."""
+        self.order.append(cap)
+        count = self.counts[cap] = self.counts.get(cap, 0) + 1
+        if len(self.order) > SETTING_WINDOW:
+            old = self.order.popleft()
+            left = self.counts[old] - 1
+            if left:
+                self.counts[old] = left
+            else:
+                del self.counts[old]
+        return count
+
+
 @dataclass(slots=True)
 class _Model:
     share_by_cap: dict[int, _Mean] = field(default_factory=dict)  # by floor(log2(cap))
@@ -133,12 +160,18 @@ _SCALARS = ("share", "uncapped", "lengths")
 class OutputLengths:
     """Expected output tokens per (model, cap sent), learned from completions."""
 
-    def __init__(self, default_output_tokens: int, memory: int, learn: bool = True) -> None:
-        if default_output_tokens < 1 or memory < 1:
-            raise ValueError("default_output_tokens and memory must be >= 1")
+    def __init__(
+        self, default_output_tokens: int, memory: int, learn: bool = True,
+        cold_output_tokens: int = 0,
+    ) -> None:  # fmt: skip
+        if default_output_tokens < 1 or memory < 1 or cold_output_tokens < 0:
+            raise ValueError("default_output_tokens and memory must be >= 1, "
+                             "cold_output_tokens >= 0")  # fmt: skip
         self.default_output_tokens = default_output_tokens
         self.learn = learn
+        self.cold_output_tokens = cold_output_tokens  # (not used while learn is off)
         self.memory = memory
+        self.caps: dict[ModelName, _Caps] = {}  # the caps sent lately, per model
         self.models: dict[ModelName, _Model] = {}
         self.pending: OrderedDict[RequestId, tuple[ModelName, int | None]] = OrderedDict()
         self.learned = 0
@@ -154,16 +187,24 @@ class OutputLengths:
                     if mean.n >= MIN_SAMPLES:
                         return max(1, round(mean.mean))
             return self.default_output_tokens
-        if m is None:
-            return cap
-        bucket = m.share_by_cap.get(_bucket(cap))
+        bucket = m.share_by_cap.get(_bucket(cap)) if m is not None else None
         if bucket is not None and bucket.n >= BUCKET_MIN:
             share = bucket.mean
-        elif m.share.n >= MIN_SAMPLES:
+        elif m is not None and m.share.n >= MIN_SAMPLES:
             share = m.share.mean
-        else:
+        else:  # nothing learned: the cap, unless it is a client's setting
+            cold = self.cold_output_tokens if self.learn else 0
+            if cold and cap > cold and self.is_setting(model, cap):
+                return cold
             return cap
         return max(1, min(cap, math.ceil(cap * share)))
+
+    def is_setting(self, model: ModelName, cap: int) -> bool:
+        """Whether ``cap`` is a client's setting: at least ``SETTING_MIN`` of the model's
+        last ``SETTING_WINDOW`` capped requests were sent with exactly it (a client whose
+        caps are its answers' lengths seldom repeats one)."""
+        caps = self.caps.get(model)
+        return caps is not None and caps.counts.get(cap, 0) >= SETTING_MIN
 
     def tail(self, model: ModelName, cap: int | None) -> Tail | None:
         """The answer length of a request for ``model`` sent with ``cap`` as learned, for a
@@ -246,6 +287,12 @@ class OutputLengths:
             self.pending[rid] = (model, cap)
             if len(self.pending) > self.memory:
                 self.pending.popitem(last=False)
+            if cap is not None and self.cold_output_tokens and self.learn:
+                caps = self.caps.get(model)
+                if caps is None:
+                    caps = self.caps[model] = _Caps()
+                if caps.add(cap) == SETTING_MIN and cap > self.cold_output_tokens:
+                    self.revision += 1  # its requests already queued: the cold estimate
 
     def forget(self, rid: RequestId) -> None:
         self.pending.pop(rid, None)

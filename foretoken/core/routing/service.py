@@ -88,7 +88,8 @@ class RouteService:
         self.decisions: OrderedDict[RequestId, RouteDecision] = OrderedDict()
         self.outputs = OutputLengths(self.config.default_output_tokens,
                                      self.config.decision_memory,
-                                     self.config.learn_output_lengths)  # fmt: skip
+                                     self.config.learn_output_lengths,
+                                     self.config.cold_output_tokens)  # fmt: skip
         self.overruled = 0  # our decisions another one replaced (see _withdraw_overruled)
         # Grants naming a worker this service does not know (retired, never registered, or
         # registered after the grant): graded, but in no queue model.

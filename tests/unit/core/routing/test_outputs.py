@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from foretoken.core.routing.outputs import BUCKET_MIN, MIN_SAMPLES, OutputLengths
+from foretoken.core.routing.outputs import (
+    BUCKET_MIN,
+    MIN_SAMPLES,
+    SETTING_MIN,
+    SETTING_WINDOW,
+    OutputLengths,
+)
 from foretoken.core.types import ModelName, RequestId, RouteDecision
 from foretoken.wire.records import Outcome, SchedulerSettings
 from foretoken.wire.route_rpc import RouteRequest
@@ -196,3 +202,50 @@ def test_a_restored_snapshot_has_no_tail_until_answers_come_again() -> None:
     restored.load_state(outputs.state())
     assert restored.expected(M, 2048) == outputs.expected(M, 2048)
     assert restored.tail(M, 2048) is None
+
+
+# ---------------------------------------------------------------------------- cold caps
+
+
+def test_a_cap_many_requests_share_is_a_setting_expected_at_the_cold_length() -> None:
+    outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
+    revision = outputs.revision
+    for i in range(SETTING_MIN - 1):
+        outputs.sent(RequestId(f"a{i}"), M, 8192)
+        assert outputs.expected(M, 8192) == 8192  # not yet: one client's cap or a length
+    outputs.sent(RequestId("a-last"), M, 8192)
+    assert outputs.revision == revision + 1  # the ones queued with 8192 are re-estimated
+    assert outputs.expected(M, 8192) == 512
+    assert outputs.expected_for(RequestId("a0")) == 512
+    assert outputs.expected(OTHER, 8192) == 8192  # per model
+    # a smaller setting stays its cap; answers learned take over from the cold length
+    for i in range(SETTING_MIN):
+        outputs.sent(RequestId(f"b{i}"), M, 256)
+    assert outputs.expected(M, 256) == 256
+    for i in range(BUCKET_MIN):
+        outputs.completed(RequestId(f"a{i}" if i < SETTING_MIN - 1 else "a-last"), 300)
+    assert outputs.expected(M, 8192) == 300
+
+
+def test_caps_that_are_lengths_stay_exact_before_anything_is_learned() -> None:
+    outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
+    rng = np.random.default_rng(5)
+    for i, n in enumerate(rng.integers(1100, 9000, size=SETTING_WINDOW)):
+        outputs.sent(RequestId(f"r{i}"), M, int(n))
+        assert outputs.expected(M, int(n)) == int(n)
+
+
+def test_a_setting_ages_out_of_the_window_and_the_cold_rule_can_be_off() -> None:
+    outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
+    for i in range(SETTING_MIN):
+        outputs.sent(RequestId(f"s{i}"), M, 4096)
+    for i in range(SETTING_WINDOW):
+        outputs.sent(RequestId(f"o{i}"), M, 2000 + i)
+    assert not outputs.is_setting(M, 4096)
+    assert outputs.expected(M, 4096) == 4096
+    off = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=0)
+    not_learning = OutputLengths(128, 1000, learn=False, cold_output_tokens=512)
+    for i in range(SETTING_MIN):
+        off.sent(RequestId(f"s{i}"), M, 4096)
+        not_learning.sent(RequestId(f"s{i}"), M, 4096)
+    assert off.expected(M, 4096) == 4096 == not_learning.expected(M, 4096)
