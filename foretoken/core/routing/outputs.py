@@ -77,6 +77,13 @@ class _Window:
             del self.sorted[bisect_left(self.sorted, self.order.popleft())]
         insort(self.sorted, x)
 
+    @classmethod
+    def of(cls, samples: list[float]) -> _Window:
+        window = cls()
+        window.order.extend(samples)
+        window.sorted = sorted(samples)
+        return window
+
     def quantile_above(self, x: float, u: float) -> float | None:
         """The ``u`` quantile of the samples greater than ``x`` (None: none is)."""
         values = self.sorted
@@ -132,6 +139,17 @@ class _Caps:
         return count
 
 
+def _window_of(m: _Model, key: str) -> list[float]:
+    """The window kept beside the mean named ``key`` (none beside "lengths")."""
+    if key == "uncapped":
+        window: _Window | None = m.uncapped_window
+    elif key == "share":
+        window = m.share_windows.get(0)
+    else:
+        window = m.share_windows.get(int(key)) if key.isdigit() else None
+    return list(window.order) if window is not None else []
+
+
 @dataclass(slots=True)
 class _Model:
     share_by_cap: dict[int, _Mean] = field(default_factory=dict)  # by floor(log2(cap))
@@ -152,6 +170,9 @@ class _MeanState(msgspec.Struct, array_like=True, frozen=True):
     key: str  # "share", "uncapped", "lengths", or a cap bucket's number
     n: int
     mean: float
+    # the same samples' window, oldest first (trailing: an older snapshot has none, and its
+    # tails come back as answers do)
+    window: list[float] = []
 
 
 _SCALARS = ("share", "uncapped", "lengths")
@@ -254,14 +275,16 @@ class OutputLengths:
         return out
 
     def state(self) -> bytes:
-        """The learned means (a processor's snapshot, beside its fits), as msgpack."""
-        rows = [_MeanState(model, key, mean.n, mean.mean) for model, m in self.models.items()
+        """The learned means and their windows (a processor's snapshot, beside its fits),
+        as msgpack."""
+        rows = [_MeanState(model, key, mean.n, mean.mean, _window_of(m, key))
+                for model, m in self.models.items()
                 for key, mean in [*((k, getattr(m, k)) for k in _SCALARS),
                                   *((str(b), v) for b, v in m.share_by_cap.items())]]  # fmt: skip
         return msgspec.msgpack.encode(rows)
 
     def load_state(self, data: bytes) -> None:
-        """Take a snapshot's means (raises ``ValueError`` on a malformed one)."""
+        """Take a snapshot's means and windows (raises ``ValueError`` on a malformed one)."""
         try:
             rows = msgspec.msgpack.decode(data, type=list[_MeanState])
         except msgspec.DecodeError as exc:
@@ -270,6 +293,11 @@ class OutputLengths:
         for row in rows:
             if row.n < 0 or not math.isfinite(row.mean) or row.mean < 0:
                 raise ValueError(f"output lengths snapshot: a bad mean for {row.model}")
+            if len(row.window) > HORIZON or not all(
+                math.isfinite(x) and x >= 0 and (row.key == "uncapped" or x <= 1)
+                for x in row.window
+            ):  # fmt: skip
+                raise ValueError(f"output lengths snapshot: a bad window for {row.model}")
             m = models.setdefault(ModelName(row.model), _Model())
             mean = _Mean(row.n, row.mean)
             if row.key in _SCALARS:
@@ -278,6 +306,11 @@ class OutputLengths:
                 m.share_by_cap[int(row.key)] = mean
             else:
                 raise ValueError(f"output lengths snapshot: unknown key {row.key!r}")
+            window = _Window.of(row.window) if row.window else None
+            if window is not None and row.key == "uncapped":
+                m.uncapped_window = window
+            elif window is not None and row.key != "lengths":  # "share" or a cap bucket
+                m.share_windows[0 if row.key == "share" else int(row.key)] = window
         self.models = models
         self.revision += 1
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -196,12 +197,30 @@ def test_answers_without_a_cap_have_a_tail_in_tokens() -> None:
     assert tail.left(100, 0.5) == 25  # past every answer: the mean
 
 
-def test_a_restored_snapshot_has_no_tail_until_answers_come_again() -> None:
-    outputs = learned([(2048, 100 + i) for i in range(20)])
+def test_a_restored_snapshot_has_the_tails_an_older_one_has_not() -> None:
+    outputs = learned([(2048, 100 + 7 * i) for i in range(20)] + [(None, 50 + i) for i in range(9)])
     restored = OutputLengths(default_output_tokens=128, memory=100)
     restored.load_state(outputs.state())
     assert restored.expected(M, 2048) == outputs.expected(M, 2048)
-    assert restored.tail(M, 2048) is None
+    for cap in (2048, 1500, None):
+        tail, again = outputs.tail(M, cap), restored.tail(M, cap)
+        assert tail is not None and again is not None
+        assert [again.left(p, u) for p in (1, 150) for u in (0.2, 0.8)] == [
+            tail.left(p, u) for p in (1, 150) for u in (0.2, 0.8)
+        ]
+    # a snapshot written before the windows were kept: the means, no tail until answers come
+    rows = msgspec.msgpack.decode(outputs.state())
+    older = OutputLengths(default_output_tokens=128, memory=100)
+    older.load_state(msgspec.msgpack.encode([row[:4] for row in rows]))
+    assert older.expected(M, 2048) == outputs.expected(M, 2048)
+    assert older.tail(M, 2048) is None
+
+
+@pytest.mark.parametrize("window", [[1.5], [-0.1], [float("nan")], [0.5] * 300])
+def test_a_snapshot_with_a_bad_window_is_refused(window: list[float]) -> None:
+    row = ["m", "share", 10, 0.5, window]
+    with pytest.raises(ValueError, match="bad window"):
+        OutputLengths(128, 100).load_state(msgspec.msgpack.encode([row]))
 
 
 # ---------------------------------------------------------------------------- cold caps
