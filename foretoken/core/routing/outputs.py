@@ -15,7 +15,9 @@ and the cap its request was sent with:
   power-of-two bucket of ``C`` (one client's fixed cap is one bucket; a client whose cap
   is its answer's length shows q = 1 in every bucket, and its caps stay exact), and over
   all caps; the expected length is ``C·q`` of the cap's bucket once it has
-  ``BUCKET_MIN`` samples, else of all caps once there are ``MIN_SAMPLES``, else ``C``;
+  ``BUCKET_MIN`` samples, else of all caps once there are ``MIN_SAMPLES``, else ``C`` —
+  or, for a cap ``SETTING_MIN`` of the model's last ``SETTING_WINDOW`` capped requests
+  share (a client's setting, not a length), at most ``cold_output_tokens``;
 * for requests **without** one: the mean length of such answers (``MIN_SAMPLES``), else
   of every answer, else ``default_output_tokens`` (as before any was learned).
 
@@ -24,7 +26,14 @@ HORIZON)``), so a change of clients is followed. Failed and cancelled requests s
 nothing of a length and are dropped. Outstanding requests were queued with the estimate of
 their time; when a mean first becomes usable or moves by more than ``REESTIMATE_CHANGE``
 ``revision`` grows, and the route service gives every queued request its new estimate
-(a burst sent before the first completion would otherwise hold its caps to the end).
+(a burst sent before the first completion would otherwise hold its caps to the end);
+so it does when a cap turns out to be a setting.
+
+Beside each mean, the same samples' last ``HORIZON`` values are kept sorted: a request's
+:class:`Tail` (``tail``) is that distribution scaled to its cap, from which the queue
+models give a running answer what answers that ran as long went on for
+(``core/queue/tails.py``). Every window that only ever saw answers run to their caps
+gives no tail (exact caps stay exact). Means and windows go into the processor's snapshot.
 """
 
 from __future__ import annotations
