@@ -19,6 +19,7 @@ pub mod queue;
 pub mod recent;
 pub mod snapshot;
 pub mod space;
+pub mod spans;
 pub mod stats;
 pub mod table;
 pub mod tokens;

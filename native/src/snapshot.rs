@@ -442,6 +442,7 @@ fn read_worker(r: &mut Reader<'_>, index: &Index) -> Res<Worker> {
         *c = r.i64()?;
     }
     w.emap = r.pairs()?;
+    w.spans = crate::spans::rebuild(&w.emap);
     for dups in w.dups.iter_mut() {
         let n = r.len(12)?;
         for _ in 0..n {

@@ -11,6 +11,7 @@ use crate::hash::{self, Tokens};
 use crate::lru::Lru;
 use crate::recent::Recent;
 use crate::space::{Space, TierSet, GPU, WORD_BITS};
+use crate::spans;
 use crate::stats::ApplyStats;
 use crate::table::U64Map;
 
@@ -90,6 +91,8 @@ pub struct Worker {
     pub recent_policy: RecentPolicy,
     /// The most engine hashes this worker has mapped at once.
     pub peak: u64,
+    /// Engine hash → the worker's blocks it spans, when more than one ([`spans`]).
+    pub spans: U64Map<u32>,
 }
 
 impl Worker {
@@ -125,6 +128,7 @@ impl Worker {
             recent: Recent::default(),
             recent_policy: policy,
             peak: 0,
+            spans: U64Map::default(),
         }
     }
 
@@ -174,6 +178,9 @@ impl Worker {
     fn forget_engine(&mut self, engine: u64, own: u64) {
         let capacity = self.recent_capacity();
         self.recent.insert(engine, own, capacity);
+        if !self.spans.is_empty() {
+            self.spans.remove(&engine);
+        }
     }
 
     /// The own hash an engine hash names: the live map first, then the recently removed.
@@ -217,12 +224,30 @@ impl Worker {
             return;
         }
         if event.tokens.is_empty() {
-            self.move_blocks(space, event.hashes, event.tier, now_s, stats);
+            if self.spans.is_empty() {
+                self.move_blocks(space, event.hashes, event.tier, now_s, stats);
+            } else {
+                let hashes = spans::expand(&self.spans, event.hashes);
+                self.move_blocks(space, &hashes, event.tier, now_s, stats);
+            }
             return;
         }
+        let (mut hashes, mut keys) = (event.hashes, event.extra_keys);
+        let split;
         if event.block_size != i64::from(self.block_size) {
-            stats.block_size_mismatch_blocks += event.hashes.len() as u64;
-            return;
+            let span = spans::span_of(event.block_size, self.block_size, hashes.len());
+            if span == 0 {
+                stats.block_size_mismatch_blocks += hashes.len() as u64;
+                return;
+            }
+            if span > 1 {
+                // LMCache's chunks: filed as the worker's blocks they span
+                for &engine in hashes {
+                    self.spans.insert(engine, span as u32);
+                }
+                split = spans::split(hashes, span, keys);
+                (hashes, keys) = (&split.0, &split.1);
+            }
         }
         let mut seed = None;
         if let Some(parent) = event.parent {
@@ -236,8 +261,7 @@ impl Worker {
         }
         let seed = seed.unwrap_or_else(|| space.seed(salt, event.lora_name));
         let size = self.block_size as usize;
-        let owns = hash::chain(seed, event.tokens, size, event.extra_keys, None);
-        let mut hashes = event.hashes;
+        let owns = hash::chain(seed, event.tokens, size, keys, None);
         let n = owns.len().min(hashes.len());
         if owns.len() != hashes.len() {
             stats.malformed_blocks += owns.len().abs_diff(hashes.len()) as u64;
@@ -345,6 +369,13 @@ impl Worker {
             stats.ignored_blocks += hashes.len() as u64;
             return;
         }
+        let expanded;
+        let hashes = if self.spans.is_empty() {
+            hashes
+        } else {
+            expanded = spans::expand(&self.spans, hashes);
+            &expanded[..]
+        };
         let (word, bit) = (self.word(), self.bit());
         // A two-stage pipeline: 2·AHEAD blocks ahead the engine map's and the recently
         // removed cache's lines start loading; AHEAD blocks ahead the engine map (in cache
@@ -439,6 +470,7 @@ impl Worker {
         }
         let Some(tier) = tier else {
             self.emap = FlatMap::default();
+            self.spans = U64Map::default();
             self.tiers = TierSet::default();
             self.approximate = false;
             if let Some(lru) = self.lru.as_mut() {

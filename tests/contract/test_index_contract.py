@@ -297,6 +297,39 @@ def test_several_block_sizes_in_one_model() -> None:
     assert wrong.block_size_mismatch_blocks == 1
 
 
+def test_lmcache_chunks_are_credited_as_the_blocks_they_span() -> None:
+    """LMCache stores one event per chunk of several engine blocks (its own chunk hashes, the
+    previous chunk as parent, a partial last chunk); the GPU holds the engine's blocks.
+    The chunks' blocks continue the GPU prefix in the CPU tier; a chunk's removal, or its
+    move to another tier, takes all its blocks; a snapshot keeps that."""
+    index = fresh("w")
+    prompt = [*toks(12), 7]  # 25 tokens: chunks of 8 (4 blocks), 8, then 9 (4 blocks)
+    index.apply(batch("w", stored([1, 2], prompt[:4])), 0.0)
+    lmcache = [
+        stored([901], prompt[:8], block_size=8, medium="CPU"),
+        stored([902], prompt[8:16], parent=901, block_size=8, medium="CPU"),
+        stored([903], prompt[16:], parent=902, block_size=9, medium="CPU"),
+    ]
+    applied = index.apply(batch("w", *lmcache), 0.0)
+    assert applied.stored_blocks == 12 and applied.block_size_mismatch_blocks == 0
+    assert tokens_of(index.lookup(M, prompt)[WorkerId("w")]) == {"GPU": 4, "CPU": 20}
+    gone = index.apply(batch("w", removed([902], medium="CPU")), 0.0)
+    assert gone.removed_blocks == 4 and gone.unknown_removals == 0
+    assert tokens_of(index.lookup(M, prompt)[WorkerId("w")]) == {"GPU": 4, "CPU": 4}
+    copy = restore_index(index.snapshot(), _BACKEND)
+    for ix in (index, copy):
+        moved = ix.apply(batch("w", BlockStored(block_hashes=(EngineBlockHash(901),),
+                                                block_size=8, medium="DISK")), 0.0)  # fmt: skip
+        assert moved.stored_blocks == 4 and moved.unknown_moves == 0
+        assert ix.apply(batch("w", removed([901], medium="CPU")), 0.0).removed_blocks == 4
+        assert tokens_of(ix.lookup(M, prompt)[WorkerId("w")]) == {"GPU": 4, "DISK": 4}
+    # several chunks in one event, and chunks no multiple of the worker's blocks
+    two = index.apply(batch("w", stored([905, 906], prompt[:16], block_size=8)), 0.0)
+    assert two.stored_blocks == 8
+    odd = index.apply(batch("w", stored([907, 908], prompt[:18], block_size=9)), 0.0)
+    assert odd.stored_blocks == 0 and odd.block_size_mismatch_blocks == 2
+
+
 def test_an_unknown_parent_starts_a_new_root_and_is_counted() -> None:
     index = fresh("a")
     prompt = toks(2)

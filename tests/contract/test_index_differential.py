@@ -8,8 +8,9 @@ removed parents, LoRA, extra keys, other tiers, non-full-attention groups, malfo
 duplicate copies), removals (known, unknown, recently removed, of absent copies), tier
 moves, clears of one tier or all, resets (events and calls), re-deliveries of a batch,
 cross-tier interleavings (a chain's GPU removals and its slower-tier stores in every order,
-in one batch or across batches), store-only workers (served prompts, TTL, capacity, aging,
-lookups that refresh) and re-registrations. The cross-tier bound is small here so that the
+in one batch or across batches), LMCache's chunks (stores of several blocks each, a
+partial last one), store-only workers (served prompts, TTL, capacity, aging, lookups that
+refresh) and re-registrations. The cross-tier bound is small here so that the
 recently removed caches overflow and grow.
 
 Both backends are built from the same code path as the processor's
@@ -168,6 +169,9 @@ class Stream:
             return [ix.apply(batch, now) for ix in indexes]
         if kind == "cross":
             return self.cross(rng, worker, indexes, now)
+        if kind == "chunks":
+            batch = self.batch(worker, *self.chunks(rng, worker))
+            return [ix.apply(batch, now) for ix in indexes]
         if kind == "clear":
             medium = rng.choice([None, *TIERS])
             batch = self.batch(worker, AllCleared(medium=medium))
@@ -217,6 +221,40 @@ class Stream:
             return [None, None]
         return [None for _ in indexes]
 
+    def chunks(self, rng: random.Random, worker: str) -> list[BlockStored]:
+        """LMCache's stores: chunks of several of the worker's blocks chained by their
+        parents (one event each, or several in one), a partial last chunk, now and then
+        chunks that are no multiple of the worker's blocks."""
+        size = self.sizes[worker]
+        chunk = size * rng.choice([2, 3]) + (1 if rng.random() < 0.1 else 0)
+        doc = rng.randrange(len(DOCS))
+        tokens = DOCS[doc]
+        count = len(tokens) // chunk
+        hashes = [engine_hash(worker, doc, 1000 + chunk * 10 + j, 0) for j in range(count)]
+        self.sent[worker].extend(hashes)
+        medium = rng.choice(MEDIA)
+        events = []
+        start = rng.randrange(count)
+        stop = rng.randint(start + 1, count)
+        step = rng.choice([1, 1, 2])
+        for j in range(start, stop, step):
+            js = list(range(j, min(j + step, stop)))
+            events.append(BlockStored(
+                block_hashes=tuple(EngineBlockHash(hashes[k]) for k in js),
+                parent_block_hash=EngineBlockHash(hashes[j - 1]) if j else None,
+                token_ids=tuple(tokens[js[0] * chunk : (js[-1] + 1) * chunk]),
+                block_size=chunk, medium=medium,
+                extra_keys=rng.choice([(), tuple(rng.choice(["", '["img"]']) for _ in js)]),
+            ))  # fmt: skip
+        if stop == count and rng.random() < 0.5:  # the prompt's partial last chunk
+            rest = tokens[count * chunk :] or tokens[-1:]
+            events.append(BlockStored(
+                block_hashes=(EngineBlockHash(engine_hash(worker, doc, 999, 0)),),
+                parent_block_hash=EngineBlockHash(hashes[-1]), token_ids=tuple(rest),
+                block_size=len(rest), medium=medium,
+            ))  # fmt: skip
+        return events
+
     def cross(self, rng: random.Random, worker: str, indexes: list[Index], now: float) -> list[Any]:
         """A chain stored in the GPU, then its removals from the GPU and its stores in a
         slower tier (moves, or stores with token ids and parents) in a random order, in one
@@ -263,6 +301,7 @@ KINDS = (
     + ["remove"] * 5
     + ["move"] * 2
     + ["cross"] * 2
+    + ["chunks"] * 2
     + ["clear", "reset", "redeliver", "serve", "serve", "age", "touch", "register"]
 )
 ops_strategy = st.lists(

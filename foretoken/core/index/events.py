@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from itertools import islice, repeat
 from typing import cast
 
-from foretoken.core.index import content_hash
+from foretoken.core.index import content_hash, spans
 from foretoken.core.index.state import ApplyStats, Worker, tier_index
 from foretoken.core.types import BlockRemoved, BlockStored
 
@@ -31,14 +31,21 @@ def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -
         worker.nonfull_groups.add(event.group_idx)
         stats.ignored_blocks += len(event.block_hashes)
         return
-    hashes = event.block_hashes
+    hashes: Sequence[int] = event.block_hashes
     tier = tier_index(event.medium)
     if not tokens:
-        move(worker, hashes, tier, now_s, stats)
+        move(worker, spans.expand(worker.spans, hashes) if worker.spans else hashes, tier,
+             now_s, stats)  # fmt: skip
         return
+    extra_keys: Sequence[str] = event.extra_keys
     if event.block_size != worker.block_size:
-        stats.block_size_mismatch_blocks += len(hashes)
-        return
+        span = spans.span_of(event.block_size, worker.block_size, len(hashes))
+        if not span:
+            stats.block_size_mismatch_blocks += len(hashes)
+            return
+        if span > 1:  # LMCache's chunks: filed as the worker's blocks they span
+            worker.spans.update(zip(hashes, repeat(span)))
+            hashes, extra_keys = spans.split(hashes, span, extra_keys)
     seed = None
     parent = event.parent_block_hash
     if parent is not None:
@@ -51,7 +58,7 @@ def store(worker: Worker, event: BlockStored, now_s: float, stats: ApplyStats) -
                 stats.recovered_parents += 1
     if seed is None:
         seed = worker.space.seed(event.lora_name)
-    owns = content_hash.chain(seed, tokens, worker.block_size, event.extra_keys)
+    owns = content_hash.chain(seed, tokens, worker.block_size, extra_keys)
     if len(owns) != len(hashes):
         stats.malformed_blocks += abs(len(hashes) - len(owns))
         hashes = hashes[: len(owns)]
@@ -150,7 +157,9 @@ def remove(worker: Worker, event: BlockRemoved, stats: ApplyStats) -> None:
     if event.group_idx in worker.nonfull_groups:
         stats.ignored_blocks += len(event.block_hashes)
         return
-    hashes = event.block_hashes
+    hashes: Sequence[int] = event.block_hashes
+    if worker.spans:
+        hashes = spans.expand(worker.spans, hashes)
     tier = tier_index(event.medium)
     table = worker.space.masks[tier][worker.word]
     bit = worker.bit
@@ -273,6 +282,7 @@ def clear(worker: Worker, tier: int | None) -> None:
         worker.dups[t].clear()
     if tier is None:
         worker.emap.clear()
+        worker.spans.clear()
         worker.tiers.clear()
         worker.recent.clear()
         worker.approximate = False

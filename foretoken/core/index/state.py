@@ -18,7 +18,7 @@ from typing import Final
 import msgspec
 from msgspec.structs import astuple
 
-from foretoken.core.index import content_hash
+from foretoken.core.index import content_hash, spans
 from foretoken.core.index.recent import Recent, RecentPolicy
 from foretoken.core.types import ModelName, Tier, WorkerId
 
@@ -259,6 +259,7 @@ class Worker:
         "rev",
         "slot",
         "space",
+        "spans",
         "tiers",
         "ttl_s",
         "word",
@@ -300,6 +301,7 @@ class Worker:
         self.policy = policy
         self.recent = Recent()  # recently removed blocks (the cross-tier rule)
         self.peak = 0  # the most engine hashes this worker has mapped at once
+        self.spans: dict[int, int] = {}  # engine hash → blocks it spans, when more than one
 
     def configure_store_only(self, ttl_s: float | None, capacity: int | None) -> None:
         self.ttl_s, self.capacity = ttl_s, capacity
@@ -322,6 +324,8 @@ class Worker:
     def forget_engine(self, engine_hash: int, own: int) -> None:
         """An engine hash left the map: remember it (the cross-tier rule)."""
         self.recent.insert(engine_hash, own, self.policy.capacity(self.peak))
+        if self.spans:
+            self.spans.pop(engine_hash, None)
 
     def resolve_removed(self, engine_hash: int) -> int | None:
         """The own hash a recently removed engine hash named (None: not remembered)."""
@@ -421,6 +425,7 @@ class Worker:
         worker.tiers = set(state.tiers)
         worker.counts = state.counts
         worker.emap = state.emap
+        worker.spans = spans.rebuild(state.emap)
         for own, tier, n in state.dups:
             worker.dups[tier][own] = n
         worker.lru = state.lru

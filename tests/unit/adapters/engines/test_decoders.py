@@ -23,6 +23,7 @@ from foretoken.adapters.engines.decoders import (
     decode_vllm_frames,
     split_backfill_reply,
 )
+from foretoken.core.index.protocol import make_index
 from foretoken.core.types import ModelName, WorkerId
 from foretoken.wire.codec import DecodeError
 from foretoken.wire.records import AllCleared, BlockRemoved, BlockStored
@@ -159,6 +160,35 @@ def test_offload_store_with_empty_tokens_and_block_size_zero() -> None:
     assert isinstance(stored, BlockStored)
     assert stored.token_count == 0 and stored.block_hashes == (1, 2, 3)
     assert stored.block_size == BS and stored.medium == "CPU"
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_lmcache_chunks_through_vllms_connector_credit_the_cpu_tier(backend: str) -> None:
+    """LMCache (``cache_engine.store``, forwarded by vLLM's ``LMCacheConnectorV1``) stores
+    one event per 256-token chunk: its chunk hash, the previous chunk's as parent, the
+    chunk's token ids, ``block_size`` = the chunk's token count (less for a prompt's last
+    chunk) and medium ``cpu``. They decode as they come and the index files them as the
+    engine's 16-token blocks, so a prompt the GPU dropped is still credited from CPU."""
+    prompt = [(7 * i + 3) % 50_000 for i in range(600)]
+    events = [
+        stored_map(block_hashes=[1 << 63 | 5], token_ids=prompt[:256], block_size=256,
+                   medium="cpu"),
+        stored_map(block_hashes=[77], parent_block_hash=1 << 63 | 5, token_ids=prompt[256:512],
+                   block_size=256, medium="cpu"),
+        stored_map(block_hashes=[78], parent_block_hash=77, token_ids=prompt[512:],
+                   block_size=88, medium="cpu"),
+    ]  # fmt: skip
+    batch = vllm([1.0, events, 0]).batch
+    assert [e.block_size for e in batch.events if isinstance(e, BlockStored)] == [256, 256, 88]
+    index = make_index(backend)  # type: ignore[arg-type]
+    index.register_worker(W, M, BS)
+    applied = index.apply(batch, 0.0)
+    assert applied.stored_blocks == 16 + 16 + 5 and applied.block_size_mismatch_blocks == 0
+    hit = index.lookup(M, prompt)[W]
+    assert hit.by_tier()["CPU"] == 592 and hit.tokens == 592
+    removal = vllm([2.0, [{"type": "BlockRemoved", "block_hashes": [77], "medium": "cpu"}], 0])
+    assert index.apply(removal.batch, 0.0).removed_blocks == 16
+    assert index.lookup(M, prompt)[W].tokens == 256
 
 
 def test_groups_and_kv_cache_spec_kinds() -> None:
