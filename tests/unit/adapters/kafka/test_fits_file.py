@@ -70,21 +70,21 @@ def test_learned_answer_lengths_survive_a_restart(tmp_path: Path) -> None:
     outputs = state.outputs
     for i in range(40):
         rid = RequestId(f"r{i}")
-        outputs.sent(rid, ModelName("m"), 4096 if i % 2 else None)
+        outputs.sent(rid, ModelName("m"), 4100 if i % 2 else None)
         outputs.completed(rid, 300 + i)
-    learned = (outputs.expected(ModelName("m"), 4096), outputs.expected(ModelName("m"), None))
-    assert learned[0] < 4096 and learned[1] != outputs.default_output_tokens
+    learned = (outputs.expected(ModelName("m"), 4100), outputs.expected(ModelName("m"), None))
+    assert learned[0] < 4100 and learned[1] != outputs.default_output_tokens
     save_fits(state.settings, state.fits, outputs)
     restarted = _state(tmp_path)
-    assert restarted.outputs.expected(ModelName("m"), 4096) == 4096  # before loading
+    assert restarted.outputs.expected(ModelName("m"), 4100) == 4100  # before loading
     assert load_fits(restarted.settings, restarted.fits, restarted.outputs)
     again = restarted.outputs
-    assert (again.expected(ModelName("m"), 4096), again.expected(ModelName("m"), None)) == learned
+    assert (again.expected(ModelName("m"), 4100), again.expected(ModelName("m"), None)) == learned
     # a file without them (an older processor's) loads the fits, the lengths learned afresh
     save_fits(state.settings, state.fits)
     fresh = _state(tmp_path)
     assert load_fits(fresh.settings, fresh.fits, fresh.outputs)
-    assert fresh.outputs.expected(ModelName("m"), 4096) == 4096
+    assert fresh.outputs.expected(ModelName("m"), 4100) == 4100
 
 
 def test_a_malformed_lengths_snapshot_is_refused() -> None:

@@ -13,6 +13,7 @@ from foretoken.core.routing.outputs import (
     SETTING_MIN,
     SETTING_WINDOW,
     OutputLengths,
+    is_round,
 )
 from foretoken.core.types import ModelName, RequestId, RouteDecision
 from foretoken.wire.records import Outcome, SchedulerSettings
@@ -230,41 +231,63 @@ def test_a_cap_many_requests_share_is_a_setting_expected_at_the_cold_length() ->
     outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
     revision = outputs.revision
     for i in range(SETTING_MIN - 1):
-        outputs.sent(RequestId(f"a{i}"), M, 8192)
-        assert outputs.expected(M, 8192) == 8192  # not yet: one client's cap or a length
-    outputs.sent(RequestId("a-last"), M, 8192)
-    assert outputs.revision == revision + 1  # the ones queued with 8192 are re-estimated
-    assert outputs.expected(M, 8192) == 512
+        outputs.sent(RequestId(f"a{i}"), M, 8100)
+        assert outputs.expected(M, 8100) == 8100  # not yet: one client's cap or a length
+    outputs.sent(RequestId("a-last"), M, 8100)
+    assert outputs.revision == revision + 1  # the ones queued with 8100 are re-estimated
+    assert outputs.expected(M, 8100) == 512
     assert outputs.expected_for(RequestId("a0")) == 512
-    assert outputs.expected(OTHER, 8192) == 8192  # per model
+    assert outputs.expected(OTHER, 8100) == 8100  # per model
     # a smaller setting stays its cap; answers learned take over from the cold length
     for i in range(SETTING_MIN):
         outputs.sent(RequestId(f"b{i}"), M, 256)
     assert outputs.expected(M, 256) == 256
     for i in range(BUCKET_MIN):
         outputs.completed(RequestId(f"a{i}" if i < SETTING_MIN - 1 else "a-last"), 300)
-    assert outputs.expected(M, 8192) == 300
+    assert outputs.expected(M, 8100) == 300
+
+
+def test_a_round_cap_is_a_setting_from_its_first_request() -> None:
+    """SDKs' and apps' caps are round; answers' lengths seldom are."""
+    outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
+    revision = outputs.revision
+    for cap in (1024, 4096, 8192, 2000, 1500, 16384, 32768):
+        assert is_round(cap)
+        assert outputs.expected(M, cap) == 512
+        outputs.sent(RequestId(f"r{cap}"), M, cap)
+        assert outputs.expected_for(RequestId(f"r{cap}")) == 512
+    for i in range(SETTING_MIN):
+        outputs.sent(RequestId(f"again{i}"), M, 4096)
+    assert outputs.revision == revision  # nothing queued was estimated otherwise
+    for cap in (999, 1023, 1100, 3001, 4095, 768):
+        assert not is_round(cap)
+        assert outputs.expected(M, cap) == cap
+    assert outputs.expected(M, 512) == 512 and outputs.expected(M, 256) == 256
+    off = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=0)
+    assert off.expected(M, 4096) == 4096
 
 
 def test_caps_that_are_lengths_stay_exact_before_anything_is_learned() -> None:
     outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
     rng = np.random.default_rng(5)
-    for i, n in enumerate(rng.integers(1100, 9000, size=SETTING_WINDOW)):
-        outputs.sent(RequestId(f"r{i}"), M, int(n))
-        assert outputs.expected(M, int(n)) == int(n)
+    lengths = [int(n) for n in rng.integers(1100, 9000, size=SETTING_WINDOW) if not is_round(n)]
+    assert len(lengths) > SETTING_WINDOW - 3
+    for i, n in enumerate(lengths):
+        outputs.sent(RequestId(f"r{i}"), M, n)
+        assert outputs.expected(M, n) == n
 
 
 def test_a_setting_ages_out_of_the_window_and_the_cold_rule_can_be_off() -> None:
     outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
     for i in range(SETTING_MIN):
-        outputs.sent(RequestId(f"s{i}"), M, 4096)
+        outputs.sent(RequestId(f"s{i}"), M, 4100)
     for i in range(SETTING_WINDOW):
         outputs.sent(RequestId(f"o{i}"), M, 2000 + i)
-    assert not outputs.is_setting(M, 4096)
-    assert outputs.expected(M, 4096) == 4096
+    assert not outputs.is_setting(M, 4100)
+    assert outputs.expected(M, 4100) == 4100
     off = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=0)
     not_learning = OutputLengths(128, 1000, learn=False, cold_output_tokens=512)
     for i in range(SETTING_MIN):
-        off.sent(RequestId(f"s{i}"), M, 4096)
-        not_learning.sent(RequestId(f"s{i}"), M, 4096)
-    assert off.expected(M, 4096) == 4096 == not_learning.expected(M, 4096)
+        off.sent(RequestId(f"s{i}"), M, 4100)
+        not_learning.sent(RequestId(f"s{i}"), M, 4100)
+    assert off.expected(M, 4100) == 4100 == not_learning.expected(M, 4100)
