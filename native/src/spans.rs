@@ -9,7 +9,8 @@ use crate::flat::FlatMap;
 use crate::table::U64Map;
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-/// A rebuild stops probing past this many blocks per chunk.
+/// A chunk spans at most this many of the worker's blocks: a larger one is a block-size
+/// mismatch, and a rebuild stops probing there.
 pub const MAX_SPAN: usize = 4096;
 
 /// The engine hash filed for the `i`-th (0-based) block of a span before its last
@@ -32,7 +33,10 @@ pub fn span_of(event_block_size: i64, worker_block_size: u32, events: usize) -> 
     if event_block_size % worker != 0 && events != 1 {
         return 0;
     }
-    usize::try_from(event_block_size / worker).unwrap_or(0)
+    match usize::try_from(event_block_size / worker) {
+        Ok(span) if span <= MAX_SPAN => span,
+        _ => 0,
+    }
 }
 
 /// The engine hashes of the spanned blocks (each span's inner blocks, then its own hash)
@@ -105,6 +109,8 @@ mod tests {
         assert_eq!(span_of(88, 16, 2), 0);
         assert_eq!(span_of(16, 16, 1), 0);
         assert_eq!(span_of(8, 16, 1), 0);
+        assert_eq!(span_of(4096 * 2, 2, 1), MAX_SPAN);
+        assert_eq!(span_of(4097 * 2, 2, 1), 0);
     }
 
     #[test]

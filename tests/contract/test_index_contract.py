@@ -328,6 +328,8 @@ def test_lmcache_chunks_are_credited_as_the_blocks_they_span() -> None:
     assert two.stored_blocks == 8
     odd = index.apply(batch("w", stored([907, 908], prompt[:18], block_size=9)), 0.0)
     assert odd.stored_blocks == 0 and odd.block_size_mismatch_blocks == 2
+    huge = index.apply(batch("w", stored([909], range(2 * 4097), block_size=2 * 4097)), 0.0)
+    assert huge.stored_blocks == 0 and huge.block_size_mismatch_blocks == 1  # past MAX_SPAN
 
 
 def test_an_unknown_parent_starts_a_new_root_and_is_counted() -> None:

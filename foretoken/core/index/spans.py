@@ -26,7 +26,7 @@ from typing import Final
 _MASK: Final = (1 << 64) - 1
 _GOLDEN: Final = 0x9E3779B97F4A7C15
 # A chunk spans at most this many of the worker's blocks (256-token chunks over 1-token
-# pages); a rebuild stops probing there.
+# pages): a larger one is a block-size mismatch, and a rebuild stops probing there.
 MAX_SPAN: Final = 4096
 
 
@@ -46,7 +46,7 @@ def span_of(event_block_size: int, worker_block_size: int, events: int) -> int:
     if event_block_size <= worker_block_size:
         return 0
     span = event_block_size // worker_block_size
-    if event_block_size % worker_block_size and events != 1:
+    if span > MAX_SPAN or (event_block_size % worker_block_size and events != 1):
         return 0
     return span
 
