@@ -11,14 +11,20 @@ behind a full batch comes out several times too long.
 :class:`OutputLengths` learns, per model, from each completion (its ``output_tokens``)
 and the cap its request was sent with:
 
-* for requests **with a cap** ``C``: the mean share of the cap used, ``q = L / C``, per
-  power-of-two bucket of ``C`` (one client's fixed cap is one bucket; a client whose cap
-  is its answer's length shows q = 1 in every bucket, and its caps stay exact), and over
-  all caps; the expected length is ``C·q`` of the cap's bucket once it has
-  ``BUCKET_MIN`` samples, else of all caps once there are ``MIN_SAMPLES``, else ``C`` —
-  or, for a client's setting rather than a length (a round cap such as 1024, 4096 or
-  2000, or one ``SETTING_MIN`` of the model's last ``SETTING_WINDOW`` capped requests
-  share), at most ``cold_output_tokens``;
+* for requests sent with a client's **setting** — a round cap such as 1024, 4096 or
+  2000, or one above ``cold_output_tokens`` that ``SETTING_MIN`` of the model's last
+  ``SETTING_WINDOW`` capped requests share — the answers do not scale with the cap (a
+  client that sends 8192 does not get answers eight times as long as one that sends
+  1024): ``cold_output_tokens`` moved toward the model's mean answer, then toward that
+  setting's own, each against ``PRIOR_ANSWERS`` pseudo-answers (a burst's first answers
+  are its shortest), within the cap (but where the other caps learned are all their
+  answers' lengths, an exact client's, a setting not answered yet is too);
+* for requests with **another cap** ``C`` (a per-request budget, or a length): the mean
+  share of the cap used, ``q = L / C``, per power-of-two bucket of ``C`` and over all such
+  caps (settings' shares kept out: a 8192 setting's 2% would make every budget's answer
+  tiny); the expected length is ``C·q`` of the cap's bucket once it has ``BUCKET_MIN``
+  samples, else of all caps once there are ``MIN_SAMPLES``, else ``C`` (a client whose
+  cap is its answer's length shows q = 1, and its caps stay exact);
 * for requests **without** one: the mean length of such answers (``MIN_SAMPLES``), else
   of every answer, else ``default_output_tokens`` (as before any was learned).
 
@@ -65,6 +71,15 @@ ROUND_MIN = 1000
 ROUND_STEP = 250
 # Every learned share at least this close to 1: answers run to their caps (exact caps).
 EXACT_SHARE = 1e-9
+# A mean share of the caps (not settings) at least this: the model's clients send their
+# answers' lengths, and a round cap of theirs is one too.
+EXACT_SHARES = 0.99
+# The cold length's weight in a setting's expected answer, in answers (_setting_expected).
+PRIOR_ANSWERS = 8
+# Settings learned per model (their answers in tokens, least recently answered dropped),
+# and the prefix of their keys in a snapshot ("s4096").
+MAX_SETTINGS = 64
+SETTING_KEY = "s"
 
 
 @dataclass(slots=True)
@@ -111,23 +126,25 @@ class _Window:
 
 class Tail:
     """One request's answer length as learned (``core/queue/tails.py``): a quantile of the
-    learned lengths above what it produced, minus that; shares of its ``cap`` when it was
-    sent with one. Past every sample: the learned mean again (at most what the cap leaves)."""
+    learned lengths above what it produced, minus that; shares of its ``cap`` when the
+    window holds shares (``scale``), tokens otherwise. Past every sample: the learned mean
+    again — at most what the cap (``limit``) leaves."""
 
-    __slots__ = ("cap", "mean", "window")
+    __slots__ = ("limit", "mean", "scale", "window")
 
-    def __init__(self, window: _Window, cap: int, mean: float) -> None:
+    def __init__(self, window: _Window, cap: int, mean: float, limit: int = 0) -> None:
         self.window = window
-        self.cap = cap  # 0: lengths in tokens, no cap
+        self.scale = cap or 1  # cap 0: the window holds tokens
+        self.limit = cap or limit  # 0: no cap
         self.mean = mean  # in the window's unit
 
     def left(self, produced: int, u: float) -> int:
-        scale = self.cap or 1
+        scale = self.scale
         done = produced / scale
         above = self.window.quantile_above(done, u)
         tokens = (above - done if above is not None else self.mean) * scale
-        if self.cap:
-            tokens = min(tokens, self.cap - produced)
+        if self.limit:
+            tokens = min(tokens, self.limit - produced)
         return max(1, math.ceil(tokens))
 
 
@@ -155,9 +172,14 @@ class _Caps:
 
 
 def _window_of(m: _Model, key: str) -> list[float]:
-    """The window kept beside the mean named ``key`` (none beside "lengths")."""
+    """The window kept beside the mean named ``key``."""
     if key == "uncapped":
         window: _Window | None = m.uncapped_window
+    elif key == "lengths":
+        window = m.lengths_window
+    elif key.startswith(SETTING_KEY) and key[1:].isdigit():
+        found = m.settings.get(int(key[1:]))
+        window = found[1] if found is not None else None
     elif key == "share":
         window = m.share_windows.get(0)
     else:
@@ -167,13 +189,17 @@ def _window_of(m: _Model, key: str) -> list[float]:
 
 @dataclass(slots=True)
 class _Model:
-    share_by_cap: dict[int, _Mean] = field(default_factory=dict)  # by floor(log2(cap))
+    # shares of the caps that are not settings, by floor(log2(cap)) and over all of them
+    share_by_cap: dict[int, _Mean] = field(default_factory=dict)
     share: _Mean = field(default_factory=_Mean)
     uncapped: _Mean = field(default_factory=_Mean)
-    lengths: _Mean = field(default_factory=_Mean)
+    lengths: _Mean = field(default_factory=_Mean)  # every answer, in tokens
     # the same samples' last HORIZON values, for the tails
     share_windows: dict[int, _Window] = field(default_factory=dict)  # 0: every cap
     uncapped_window: _Window = field(default_factory=_Window)
+    lengths_window: _Window = field(default_factory=_Window)
+    # answers to each setting (a cap: its mean and window, in tokens), least recent first
+    settings: OrderedDict[int, tuple[_Mean, _Window]] = field(default_factory=OrderedDict)
 
 
 def is_round(cap: int) -> bool:
@@ -217,7 +243,8 @@ class OutputLengths:
         self.pending: OrderedDict[RequestId, tuple[ModelName, int | None]] = OrderedDict()
         self.learned = 0
         self.revision = 0
-        self._taken: dict[tuple[ModelName, int | None], float] = {}  # means at the revision
+        # means at the revision
+        self._taken: dict[tuple[ModelName, int | str | None], float] = {}
 
     def expected(self, model: ModelName, cap: int | None) -> int:
         """The expected output tokens of a request for ``model`` sent with ``cap``."""
@@ -228,27 +255,57 @@ class OutputLengths:
                     if mean.n >= MIN_SAMPLES:
                         return max(1, round(mean.mean))
             return self.default_output_tokens
+        if self._setting(model, cap):
+            return self._setting_expected(m, cap)
         bucket = m.share_by_cap.get(_bucket(cap)) if m is not None else None
         if bucket is not None and bucket.n >= BUCKET_MIN:
             share = bucket.mean
         elif m is not None and m.share.n >= MIN_SAMPLES:
             share = m.share.mean
-        else:  # nothing learned: the cap, unless it is a client's setting
-            cold = self.cold_output_tokens if self.learn else 0
-            if cold and cap > cold and self.is_setting(model, cap):
-                return cold
+        else:  # nothing learned: the cap
             return cap
         return max(1, min(cap, math.ceil(cap * share)))
 
+    def _setting(self, model: ModelName, cap: int) -> bool:
+        """Whether ``cap`` is taken as a client's setting: learning and the cold rule on, and
+        a cap above the cold length or a round one (a smaller cap many requests repeat may
+        be an exact client's common length: it keeps the shares)."""
+        cold = self.cold_output_tokens
+        if not (cold and self.learn) or not (cap > cold or is_round(cap)):
+            return False
+        return self.is_setting(model, cap)
+
+    def _setting_expected(self, m: _Model | None, cap: int) -> int:
+        """A setting's answers do not scale with it. ``cold_output_tokens``, moved toward
+        the model's mean answer and then toward the setting's own as answers come, each
+        weighed against ``PRIOR_ANSWERS`` pseudo-answers (the first answers of a burst are
+        its shortest: taken alone they make the rest look short); within the cap — but
+        where every other cap learned is its answer's length (exact clients), a setting
+        not answered yet is the cap."""
+        expected = float(self.cold_output_tokens)
+        if m is not None:
+            own = m.settings.get(cap)
+            if own is None and m.share.n >= MIN_SAMPLES and m.share.mean >= EXACT_SHARES:
+                return cap
+            for mean in (m.lengths, own[0] if own is not None else None):
+                if mean is not None and mean.n:
+                    n = min(mean.n, HORIZON)
+                    expected = (PRIOR_ANSWERS * expected + n * mean.mean) / (PRIOR_ANSWERS + n)
+        return max(1, min(cap, round(expected)))
+
     def is_setting(self, model: ModelName, cap: int) -> bool:
-        """Whether ``cap`` is a client's setting: a round one (:func:`is_round`), or one at
+        """Whether ``cap`` is a client's setting: a round one (:func:`is_round`), one at
         least ``SETTING_MIN`` of the model's last ``SETTING_WINDOW`` capped requests were
         sent with exactly (a client whose caps are its answers' lengths seldom repeats one,
-        nor sends round ones)."""
+        nor sends round ones), or one whose answers were learned as a setting's (a
+        restored snapshot has those, not the caps sent lately)."""
         if is_round(cap):
             return True
         caps = self.caps.get(model)
-        return caps is not None and caps.counts.get(cap, 0) >= SETTING_MIN
+        if caps is not None and caps.counts.get(cap, 0) >= SETTING_MIN:
+            return True
+        m = self.models.get(model)
+        return m is not None and cap in m.settings
 
     def tail(self, model: ModelName, cap: int | None) -> Tail | None:
         """The answer length of a request for ``model`` sent with ``cap`` as learned, for a
@@ -261,6 +318,15 @@ class OutputLengths:
             window = m.uncapped_window
             usable = len(window.sorted) >= MIN_SAMPLES
             return Tail(window, 0, m.uncapped.mean) if usable else None
+        if self._setting(model, cap):  # answers in tokens, within the cap
+            own = m.settings.get(cap)
+            if own is not None and len(own[1].sorted) >= BUCKET_MIN:
+                return Tail(own[1], 0, own[0].mean, limit=cap)
+            if m.share.n >= MIN_SAMPLES and m.share.mean >= EXACT_SHARES:
+                return None  # exact clients: the cap is the length
+            if len(m.lengths_window.sorted) >= MIN_SAMPLES:
+                return Tail(m.lengths_window, 0, m.lengths.mean, limit=cap)
+            return None
         key = _bucket(cap)
         bucket, found = m.share_by_cap.get(key), m.share_windows.get(key)
         if bucket is not None and found is not None and len(found.sorted) >= BUCKET_MIN:
@@ -294,6 +360,8 @@ class OutputLengths:
                 "by_cap": caps, "mean_without_cap": round(m.uncapped.mean, 1),
                 "uncapped_samples": m.uncapped.n, "mean_answer": round(m.lengths.mean, 1),
                 "expected_without_cap": self.expected(model, None),
+                "settings": {str(cap): {"mean": round(mean.mean, 1), "samples": mean.n}
+                             for cap, (mean, _) in sorted(m.settings.items())},
             }  # fmt: skip
         return out
 
@@ -303,7 +371,9 @@ class OutputLengths:
         rows = [_MeanState(model, key, mean.n, mean.mean, _window_of(m, key))
                 for model, m in self.models.items()
                 for key, mean in [*((k, getattr(m, k)) for k in _SCALARS),
-                                  *((str(b), v) for b, v in m.share_by_cap.items())]]  # fmt: skip
+                                  *((str(b), v) for b, v in m.share_by_cap.items()),
+                                  *((f"{SETTING_KEY}{cap}", v) for cap, (v, _) in
+                                    m.settings.items())]]  # fmt: skip
         return msgspec.msgpack.encode(rows)
 
     def load_state(self, data: bytes) -> None:
@@ -316,23 +386,28 @@ class OutputLengths:
         for row in rows:
             if row.n < 0 or not math.isfinite(row.mean) or row.mean < 0:
                 raise ValueError(f"output lengths snapshot: a bad mean for {row.model}")
+            setting = row.key.startswith(SETTING_KEY) and row.key[1:].isdigit()
+            in_tokens = setting or row.key in ("uncapped", "lengths")
             if len(row.window) > HORIZON or not all(
-                math.isfinite(x) and x >= 0 and (row.key == "uncapped" or x <= 1)
-                for x in row.window
+                math.isfinite(x) and x >= 0 and (in_tokens or x <= 1) for x in row.window
             ):  # fmt: skip
                 raise ValueError(f"output lengths snapshot: a bad window for {row.model}")
             m = models.setdefault(ModelName(row.model), _Model())
             mean = _Mean(row.n, row.mean)
+            window = _Window.of(row.window) if row.window else None
             if row.key in _SCALARS:
                 setattr(m, row.key, mean)
             elif row.key.isdigit():
                 m.share_by_cap[int(row.key)] = mean
-            else:
+            elif setting and len(m.settings) < MAX_SETTINGS:
+                m.settings[int(row.key[1:])] = (mean, window or _Window())
+            elif not setting:
                 raise ValueError(f"output lengths snapshot: unknown key {row.key!r}")
-            window = _Window.of(row.window) if row.window else None
-            if window is not None and row.key == "uncapped":
-                m.uncapped_window = window
-            elif window is not None and row.key != "lengths":  # "share" or a cap bucket
+            if window is None or setting:
+                continue
+            if row.key in ("uncapped", "lengths"):
+                setattr(m, f"{row.key}_window", window)
+            else:  # "share" or a cap bucket
                 m.share_windows[0 if row.key == "share" else int(row.key)] = window
         self.models = models
         self.revision += 1
@@ -362,11 +437,22 @@ class OutputLengths:
         model, cap = known
         m = self.models.setdefault(model, _Model())
         m.lengths.add(output_tokens)
+        m.lengths_window.add(output_tokens)
         self.learned += 1
         if cap is None:
             m.uncapped.add(output_tokens)
             m.uncapped_window.add(output_tokens)
             self._moved(model, None, m.uncapped, MIN_SAMPLES)
+            return
+        if self._setting(model, cap):  # its answers, in tokens, and the fallback's mean
+            self._moved(model, "lengths", m.lengths, MIN_SAMPLES)
+            own = m.settings.pop(cap, None) or (_Mean(), _Window())
+            m.settings[cap] = own  # the most recently answered last
+            if len(m.settings) > MAX_SETTINGS:
+                m.settings.popitem(last=False)
+            own[0].add(output_tokens)
+            own[1].add(output_tokens)
+            self._moved(model, f"{SETTING_KEY}{cap}", own[0], BUCKET_MIN)
             return
         share = min(output_tokens / cap, 1.0)
         m.share.add(share)
@@ -377,7 +463,7 @@ class OutputLengths:
         self._moved(model, 0, m.share, MIN_SAMPLES)
         self._moved(model, _bucket(cap), bucket, BUCKET_MIN)
 
-    def _moved(self, model: ModelName, key: int | None, mean: _Mean, usable: int) -> None:
+    def _moved(self, model: ModelName, key: int | str | None, mean: _Mean, usable: int) -> None:
         if mean.n < usable:
             return
         taken = self._taken.get((model, key))
