@@ -16,9 +16,13 @@ and the cap its request was sent with:
   ``SETTING_WINDOW`` capped requests share — the answers do not scale with the cap (a
   client that sends 8192 does not get answers eight times as long as one that sends
   1024): ``cold_output_tokens`` moved toward the model's mean answer, then toward that
-  setting's own, each against ``PRIOR_ANSWERS`` pseudo-answers (a burst's first answers
-  are its shortest), within the cap (but where the other caps learned are all their
-  answers' lengths, an exact client's, a setting not answered yet is too);
+  setting's own, each against ``PRIOR_ANSWERS`` pseudo-answers and scaled by the
+  model's ``censored_ratio`` (answers come back in the order they end: while long ones
+  still stream, the answers learned are the short ones — the ratio is the model's
+  Kaplan–Meier mean answer, the answers still streaming censored at what they have
+  produced, over the mean of the answers alone), within the cap (but where the other
+  caps learned are all their answers' lengths, an exact client's, a setting not
+  answered yet is too);
 * for requests with **another cap** ``C`` (a per-request budget, or a length): the mean
   share of the cap used, ``q = L / C``, per power-of-two bucket of ``C`` and over all such
   caps (settings' shares kept out: a 8192 setting's 2% would make every budget's answer
@@ -48,11 +52,13 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 
-from foretoken.core.types import ModelName, RequestId
+from foretoken.core.types import ModelName, RequestId, WorkerId
 
 MIN_SAMPLES = 8
 BUCKET_MIN = 4
@@ -76,6 +82,12 @@ EXACT_SHARE = 1e-9
 EXACT_SHARES = 0.99
 # The cold length's weight in a setting's expected answer, in answers (_setting_expected).
 PRIOR_ANSWERS = 8
+# The streams of a worker whose pace (seconds per token) is averaged, about: what an answer
+# still running has produced is its time since the first token over its worker's pace.
+PACE_HORIZON = 16
+# A model's answers still running are counted at most this often (seconds of outcome time:
+# a Kaplan-Meier mean over a few hundred lengths costs ~0.1 ms).
+CENSORED_EVERY_S = 0.1
 # Settings learned per model (their answers in tokens, least recently answered dropped),
 # and the prefix of their keys in a snapshot ("s4096").
 MAX_SETTINGS = 64
@@ -171,6 +183,23 @@ class _Caps:
         return count
 
 
+def _km_mean(ended: Iterable[float], running: Iterable[float]) -> float:
+    """The Kaplan–Meier mean of lengths of which ``ended`` are known and ``running`` are
+    known to exceed the value given, restricted to the longest."""
+    done = np.fromiter(ended, dtype=float)
+    values = np.concatenate([done, np.fromiter(running, dtype=float)])
+    if not len(values):
+        return 0.0
+    order = np.argsort(values, kind="stable")
+    ends = np.zeros(len(values))
+    ends[: len(done)] = 1.0
+    xs, first = np.unique(values[order], return_index=True)
+    at_risk = len(values) - first  # those at or above each distinct value
+    alive_after = np.cumprod(1.0 - np.add.reduceat(ends[order], first) / at_risk)
+    alive_before = np.concatenate([[1.0], alive_after[:-1]])
+    return float(np.sum(alive_before * np.diff(xs, prepend=0.0)))
+
+
 def _window_of(m: _Model, key: str) -> list[float]:
     """The window kept beside the mean named ``key``."""
     if key == "uncapped":
@@ -200,6 +229,10 @@ class _Model:
     lengths_window: _Window = field(default_factory=_Window)
     # answers to each setting (a cap: its mean and window, in tokens), least recent first
     settings: OrderedDict[int, tuple[_Mean, _Window]] = field(default_factory=OrderedDict)
+    # the model's mean answer counting the answers still running as censored at what they
+    # have produced, over the mean of its answers alone: how short the learned mean runs
+    censored_ratio: float = 1.0
+    censored_at: float = -math.inf  # when it was last worked out
 
 
 def is_round(cap: int) -> bool:
@@ -241,6 +274,10 @@ class OutputLengths:
         self.caps: dict[ModelName, _Caps] = {}  # the caps sent lately, per model
         self.models: dict[ModelName, _Model] = {}
         self.pending: OrderedDict[RequestId, tuple[ModelName, int | None]] = OrderedDict()
+        # pending requests streaming: (first token at, worker), and each worker's pace of
+        # late (seconds per output token after the first)
+        self.running: dict[RequestId, tuple[float, WorkerId]] = {}
+        self.paces: dict[WorkerId, _Mean] = {}
         self.learned = 0
         self.revision = 0
         # means at the revision
@@ -289,8 +326,8 @@ class OutputLengths:
                 return cap
             for mean in (m.lengths, own[0] if own is not None else None):
                 if mean is not None and mean.n:
-                    n = min(mean.n, HORIZON)
-                    expected = (PRIOR_ANSWERS * expected + n * mean.mean) / (PRIOR_ANSWERS + n)
+                    n, learned = min(mean.n, HORIZON), mean.mean * m.censored_ratio
+                    expected = (PRIOR_ANSWERS * expected + n * learned) / (PRIOR_ANSWERS + n)
         return max(1, min(cap, round(expected)))
 
     def is_setting(self, model: ModelName, cap: int) -> bool:
@@ -417,7 +454,7 @@ class OutputLengths:
         if rid not in self.pending:
             self.pending[rid] = (model, cap)
             if len(self.pending) > self.memory:
-                self.pending.popitem(last=False)
+                self.running.pop(self.pending.popitem(last=False)[0], None)
             if cap is not None and self.cold_output_tokens and self.learn:
                 caps = self.caps.get(model)
                 if caps is None:
@@ -428,10 +465,31 @@ class OutputLengths:
 
     def forget(self, rid: RequestId) -> None:
         self.pending.pop(rid, None)
+        self.running.pop(rid, None)
 
-    def completed(self, rid: RequestId, output_tokens: int) -> None:
-        """A request's answer ended after ``output_tokens``."""
+    def started(self, rid: RequestId, worker: WorkerId, at_s: float) -> None:
+        """An outstanding request's first token came at ``at_s`` from ``worker``."""
+        if rid in self.pending and self.learn:
+            self.running[rid] = (at_s, worker)
+            if len(self.running) > self.memory:
+                self.running.pop(next(iter(self.running)))
+
+    def paced(self, worker: WorkerId, pace_s: float) -> None:
+        """A stream of ``worker`` ran ``pace_s`` seconds per token after its first."""
+        if pace_s > 0 and math.isfinite(pace_s):
+            pace = self.paces.get(worker)
+            if pace is None:
+                if len(self.paces) >= self.memory:
+                    self.paces.pop(next(iter(self.paces)))
+                pace = self.paces[worker] = _Mean()
+            pace.n = min(pace.n, PACE_HORIZON - 1)  # a recent mean
+            pace.add(pace_s)
+
+    def completed(self, rid: RequestId, output_tokens: int, at_s: float | None = None) -> None:
+        """A request's answer ended after ``output_tokens`` (at ``at_s``: the answers still
+        running are then censored at what they have produced)."""
         known = self.pending.pop(rid, None)
+        self.running.pop(rid, None)
         if known is None or output_tokens < 1 or not self.learn:
             return
         model, cap = known
@@ -439,6 +497,9 @@ class OutputLengths:
         m.lengths.add(output_tokens)
         m.lengths_window.add(output_tokens)
         self.learned += 1
+        if (at_s is not None and len(m.lengths_window.order) >= MIN_SAMPLES
+                and not at_s - CENSORED_EVERY_S < m.censored_at <= at_s):  # fmt: skip
+            m.censored_ratio, m.censored_at = self._censored_ratio(model, m, at_s), at_s
         if cap is None:
             m.uncapped.add(output_tokens)
             m.uncapped_window.add(output_tokens)
@@ -462,6 +523,24 @@ class OutputLengths:
             m.share_windows.setdefault(key, _Window()).add(share)
         self._moved(model, 0, m.share, MIN_SAMPLES)
         self._moved(model, _bucket(cap), bucket, BUCKET_MIN)
+
+    def _censored_ratio(self, model: ModelName, m: _Model, now_s: float) -> float:
+        """The model's mean answer counting the answers still running as censored at what
+        they have produced by ``now_s`` (their time since the first token over their
+        worker's pace; Kaplan–Meier, up to the longest seen), over the mean of the answers
+        alone: answers come back in the order they end, so while long ones still run the
+        answers learned are the short ones."""
+        pending, paces = self.pending, self.paces
+        produced = []
+        for rid, (t, worker) in self.running.items():
+            pace = paces.get(worker)
+            if pace is not None and now_s > t and pending.get(rid, (None,))[0] == model:
+                produced.append((now_s - t) / pace.mean)
+        answers = m.lengths_window.order
+        naive = sum(answers) / len(answers)
+        if not produced or naive <= 0:
+            return 1.0
+        return max(1.0, _km_mean(answers, produced) / naive)
 
     def _moved(self, model: ModelName, key: int | str | None, mean: _Mean, usable: int) -> None:
         if mean.n < usable:

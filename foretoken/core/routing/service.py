@@ -179,6 +179,8 @@ class RouteService:
             self._note_lag(now_s - outcome.ts)
         if outcome.kind == "first_token" and outcome.actual_ttft_s is not None:
             self._residual(outcome, outcome.actual_ttft_s)
+            if outcome.status == "ok":
+                self.outputs.started(outcome.request_id, outcome.worker_id, outcome.ts)
             if scale is not None and outcome.status == "ok":
                 known = self.decisions.get(outcome.request_id)
                 waited = known.already_waited_s if known is not None else 0.0
@@ -201,7 +203,10 @@ class RouteService:
             self.outputs.forget(outcome.request_id)
         elif outcome.kind == "completion" and outcome.output_tokens:
             revision = self.outputs.revision
-            self.outputs.completed(outcome.request_id, outcome.output_tokens)
+            if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
+                self.outputs.paced(outcome.worker_id, (outcome.e2e_s - outcome.actual_ttft_s)
+                                   / max(outcome.output_tokens - 1, 1))  # fmt: skip
+            self.outputs.completed(outcome.request_id, outcome.output_tokens, outcome.ts)
             if self.outputs.revision != revision:
                 self.book.reestimate(self.outputs.expected_for, self.outputs.tail_for)
         self.learner.on_outcome(outcome, now_s)

@@ -7,15 +7,17 @@ import msgspec
 import numpy as np
 import pytest
 
+from foretoken.core.routing import outputs as outputs_module
 from foretoken.core.routing.outputs import (
     BUCKET_MIN,
     MIN_SAMPLES,
     SETTING_MIN,
     SETTING_WINDOW,
     OutputLengths,
+    _km_mean,
     is_round,
 )
-from foretoken.core.types import ModelName, RequestId, RouteDecision
+from foretoken.core.types import ModelName, RequestId, RouteDecision, WorkerId
 from foretoken.wire.records import Outcome, SchedulerSettings
 from foretoken.wire.route_rpc import RouteRequest
 from tests.unit.core.routing.one_worker import one_worker
@@ -348,3 +350,61 @@ def test_a_round_cap_of_exact_clients_is_their_length() -> None:
     assert outputs.expected(M, 1024) < 400  # its answers, the cold length against them
     tail = outputs.tail(M, 1024)
     assert tail is not None and tail.left(1, 0.5) == 299
+
+
+# ---------------------------------------------------------------- answers still running
+
+
+def test_the_kaplan_meier_mean_counts_what_still_runs() -> None:
+    assert _km_mean([1, 2, 3], []) == 2.0
+    # two ended at 1 and 2, two still running past 5: a quarter, then half, live on
+    assert _km_mean([1, 2], [5, 5]) == pytest.approx(1 + 0.75 * 1 + 0.5 * 3)
+    assert _km_mean([10] * 5, [20] * 5) == pytest.approx(15)
+
+
+def _burst(now_s: float, long_ones_fail: bool = False) -> OutputLengths:
+    """A burst of 40 requests with a 4096 setting on two workers, streaming from t = 0; the
+    10 shortest (100 tokens at 10 ms a token) answered at ``now_s`` while the other 30 still
+    run (or failed)."""
+    outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
+    for i in range(40):
+        outputs.sent(RequestId(f"r{i}"), M, 4096)
+        outputs.started(RequestId(f"r{i}"), WorkerId(f"w{i % 2}"), 0.0)
+    for i in range(30) if long_ones_fail else ():
+        outputs.forget(RequestId(f"r{i}"))
+    for i in range(30, 40):
+        outputs.paced(WorkerId(f"w{i % 2}"), 0.01)
+        outputs.completed(RequestId(f"r{i}"), 100, now_s)
+    return outputs
+
+
+def test_answers_still_running_lengthen_the_expected_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(outputs_module, "CENSORED_EVERY_S", 0.0)  # counted at every answer
+
+    def learned(prior: float, mean: float) -> float:  # the cold length weighs 8 answers
+        return (8 * prior + 10 * mean) / 18
+
+    alone = _burst(1.0, long_ones_fail=True)  # the shortest answers alone: 100 tokens
+    assert alone.models[M].censored_ratio == 1.0
+    assert alone.expected(M, 4096) == round(learned(learned(512, 100), 100))
+    # the 30 still running have produced 300 tokens each by t = 3 s: a quarter of the
+    # burst ended at 100, three quarters live on to 300 (Kaplan-Meier: 250)
+    running = _burst(3.0)
+    assert running.models[M].censored_ratio == pytest.approx(2.5)
+    assert running.expected(M, 4096) == round(learned(learned(512, 250), 250))
+    running.started(RequestId("never-sent"), WorkerId("w0"), 0.0)  # unknown: never starts
+    assert RequestId("never-sent") not in running.running
+
+
+def test_answers_still_running_are_counted_at_most_every_tenth_of_a_second() -> None:
+    outputs = _burst(3.0)  # the 8th answer counts them; the 9th and 10th, at once, do not
+    ratio = outputs.models[M].censored_ratio
+    assert ratio > 2.5 and outputs.models[M].censored_at == 3.0
+    outputs.sent(RequestId("late"), M, 4096)
+    outputs.completed(RequestId("late"), 100, 3.05)
+    assert outputs.models[M].censored_ratio == ratio
+    outputs.sent(RequestId("later"), M, 4096)
+    outputs.completed(RequestId("later"), 100, 3.2)
+    assert outputs.models[M].censored_ratio != ratio and outputs.models[M].censored_at == 3.2
