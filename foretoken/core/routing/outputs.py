@@ -19,8 +19,9 @@ and the cap its request was sent with:
   setting's own, each against ``PRIOR_ANSWERS`` pseudo-answers and scaled by the
   model's ``censored_ratio`` (answers come back in the order they end: while long ones
   still stream, the answers learned are the short ones — the ratio is the model's
-  Kaplan–Meier mean answer, the answers still streaming censored at what they have
-  produced, over the mean of the answers alone), within the cap (but where the other
+  Kaplan–Meier mean time from first token to end, the streams still running censored at
+  their time since their first token, over the mean of the ended ones' times), within
+  the cap (but where the other
   caps learned are all their answers' lengths, an exact client's, a setting not
   answered yet is too);
 * for requests with **another cap** ``C`` (a per-request budget, or a length): the mean
@@ -58,7 +59,7 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from foretoken.core.types import ModelName, RequestId, WorkerId
+from foretoken.core.types import ModelName, RequestId
 
 MIN_SAMPLES = 8
 BUCKET_MIN = 4
@@ -82,9 +83,6 @@ EXACT_SHARE = 1e-9
 EXACT_SHARES = 0.99
 # The cold length's weight in a setting's expected answer, in answers (_setting_expected).
 PRIOR_ANSWERS = 8
-# The streams of a worker whose pace (seconds per token) is averaged, about: what an answer
-# still running has produced is its time since the first token over its worker's pace.
-PACE_HORIZON = 16
 # A model's answers still running are counted at most this often (seconds of outcome time:
 # a Kaplan-Meier mean over a few hundred lengths costs ~0.1 ms).
 CENSORED_EVERY_S = 0.1
@@ -229,8 +227,10 @@ class _Model:
     lengths_window: _Window = field(default_factory=_Window)
     # answers to each setting (a cap: its mean and window, in tokens), least recent first
     settings: OrderedDict[int, tuple[_Mean, _Window]] = field(default_factory=OrderedDict)
-    # the model's mean answer counting the answers still running as censored at what they
-    # have produced, over the mean of its answers alone: how short the learned mean runs
+    # the last HORIZON answers' times from their first token to their end, and the mean
+    # such time counting the streams still running, over theirs alone: how short the
+    # learned mean runs
+    streamed: deque[float] = field(default_factory=lambda: deque(maxlen=HORIZON))
     censored_ratio: float = 1.0
     censored_at: float = -math.inf  # when it was last worked out
 
@@ -274,10 +274,8 @@ class OutputLengths:
         self.caps: dict[ModelName, _Caps] = {}  # the caps sent lately, per model
         self.models: dict[ModelName, _Model] = {}
         self.pending: OrderedDict[RequestId, tuple[ModelName, int | None]] = OrderedDict()
-        # pending requests streaming: (first token at, worker), and each worker's pace of
-        # late (seconds per output token after the first)
-        self.running: dict[RequestId, tuple[float, WorkerId]] = {}
-        self.paces: dict[WorkerId, _Mean] = {}
+        # pending requests streaming: when their first token came
+        self.running: dict[RequestId, float] = {}
         self.learned = 0
         self.revision = 0
         # means at the revision
@@ -316,7 +314,8 @@ class OutputLengths:
         """A setting's answers do not scale with it. ``cold_output_tokens``, moved toward
         the model's mean answer and then toward the setting's own as answers come, each
         weighed against ``PRIOR_ANSWERS`` pseudo-answers (the first answers of a burst are
-        its shortest: taken alone they make the rest look short); within the cap — but
+        its shortest: taken alone they make the rest look short; the learned means are
+        scaled by ``censored_ratio`` for the same reason); within the cap — but
         where every other cap learned is its answer's length (exact clients), a setting
         not answered yet is the cap."""
         expected = float(self.cold_output_tokens)
@@ -467,27 +466,20 @@ class OutputLengths:
         self.pending.pop(rid, None)
         self.running.pop(rid, None)
 
-    def started(self, rid: RequestId, worker: WorkerId, at_s: float) -> None:
-        """An outstanding request's first token came at ``at_s`` from ``worker``."""
+    def started(self, rid: RequestId, at_s: float) -> None:
+        """An outstanding request's first token came at ``at_s``."""
         if rid in self.pending and self.learn:
-            self.running[rid] = (at_s, worker)
+            self.running[rid] = at_s
             if len(self.running) > self.memory:
                 self.running.pop(next(iter(self.running)))
 
-    def paced(self, worker: WorkerId, pace_s: float) -> None:
-        """A stream of ``worker`` ran ``pace_s`` seconds per token after its first."""
-        if pace_s > 0 and math.isfinite(pace_s):
-            pace = self.paces.get(worker)
-            if pace is None:
-                if len(self.paces) >= self.memory:
-                    self.paces.pop(next(iter(self.paces)))
-                pace = self.paces[worker] = _Mean()
-            pace.n = min(pace.n, PACE_HORIZON - 1)  # a recent mean
-            pace.add(pace_s)
-
-    def completed(self, rid: RequestId, output_tokens: int, at_s: float | None = None) -> None:
-        """A request's answer ended after ``output_tokens`` (at ``at_s``: the answers still
-        running are then censored at what they have produced)."""
+    def completed(
+        self, rid: RequestId, output_tokens: int, at_s: float | None = None,
+        streamed_s: float | None = None,
+    ) -> None:  # fmt: skip
+        """A request's answer ended after ``output_tokens`` (at ``at_s``, ``streamed_s``
+        after its first token: the answers still streaming are then censored at their time
+        since theirs)."""
         known = self.pending.pop(rid, None)
         self.running.pop(rid, None)
         if known is None or output_tokens < 1 or not self.learn:
@@ -496,8 +488,10 @@ class OutputLengths:
         m = self.models.setdefault(model, _Model())
         m.lengths.add(output_tokens)
         m.lengths_window.add(output_tokens)
+        if streamed_s is not None and streamed_s >= 0 and math.isfinite(streamed_s):
+            m.streamed.append(streamed_s)
         self.learned += 1
-        if (at_s is not None and len(m.lengths_window.order) >= MIN_SAMPLES
+        if (at_s is not None and len(m.streamed) >= MIN_SAMPLES
                 and not at_s - CENSORED_EVERY_S < m.censored_at <= at_s):  # fmt: skip
             m.censored_ratio, m.censored_at = self._censored_ratio(model, m, at_s), at_s
         if cap is None:
@@ -525,22 +519,20 @@ class OutputLengths:
         self._moved(model, _bucket(cap), bucket, BUCKET_MIN)
 
     def _censored_ratio(self, model: ModelName, m: _Model, now_s: float) -> float:
-        """The model's mean answer counting the answers still running as censored at what
-        they have produced by ``now_s`` (their time since the first token over their
-        worker's pace; Kaplan–Meier, up to the longest seen), over the mean of the answers
-        alone: answers come back in the order they end, so while long ones still run the
-        answers learned are the short ones."""
-        pending, paces = self.pending, self.paces
-        produced = []
-        for rid, (t, worker) in self.running.items():
-            pace = paces.get(worker)
-            if pace is not None and now_s > t and pending.get(rid, (None,))[0] == model:
-                produced.append((now_s - t) / pace.mean)
-        answers = m.lengths_window.order
-        naive = sum(answers) / len(answers)
-        if not produced or naive <= 0:
+        """The model's mean time streamed counting the answers still streaming as censored
+        at their time since the first token (Kaplan–Meier, up to the longest), over the
+        mean of the answers' times alone: answers come back in the order they end, so while
+        long ones still stream the answers learned are the short ones. In time, not tokens:
+        what a stream has produced so far is not known, and a worker's pace moves with its
+        batch (a long prefill beside it slows every step)."""
+        pending = self.pending
+        streaming = [now_s - t for rid, t in self.running.items()
+                     if now_s > t and pending.get(rid, (None,))[0] == model]  # fmt: skip
+        ended = m.streamed
+        naive = sum(ended) / len(ended)
+        if not streaming or naive <= 0:
             return 1.0
-        return max(1.0, _km_mean(answers, produced) / naive)
+        return max(1.0, _km_mean(ended, streaming) / naive)
 
     def _moved(self, model: ModelName, key: int | str | None, mean: _Mean, usable: int) -> None:
         if mean.n < usable:

@@ -180,7 +180,7 @@ class RouteService:
         if outcome.kind == "first_token" and outcome.actual_ttft_s is not None:
             self._residual(outcome, outcome.actual_ttft_s)
             if outcome.status == "ok":
-                self.outputs.started(outcome.request_id, outcome.worker_id, outcome.ts)
+                self.outputs.started(outcome.request_id, outcome.ts)
             if scale is not None and outcome.status == "ok":
                 known = self.decisions.get(outcome.request_id)
                 waited = known.already_waited_s if known is not None else 0.0
@@ -203,10 +203,11 @@ class RouteService:
             self.outputs.forget(outcome.request_id)
         elif outcome.kind == "completion" and outcome.output_tokens:
             revision = self.outputs.revision
-            if outcome.e2e_s is not None and outcome.actual_ttft_s is not None:
-                self.outputs.paced(outcome.worker_id, (outcome.e2e_s - outcome.actual_ttft_s)
-                                   / max(outcome.output_tokens - 1, 1))  # fmt: skip
-            self.outputs.completed(outcome.request_id, outcome.output_tokens, outcome.ts)
+            streamed = (outcome.e2e_s - outcome.actual_ttft_s
+                        if outcome.e2e_s is not None and outcome.actual_ttft_s is not None
+                        else None)  # fmt: skip
+            self.outputs.completed(outcome.request_id, outcome.output_tokens, outcome.ts,
+                                   streamed)  # fmt: skip
             if self.outputs.revision != revision:
                 self.book.reestimate(self.outputs.expected_for, self.outputs.tail_for)
         self.learner.on_outcome(outcome, now_s)

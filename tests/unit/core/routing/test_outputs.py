@@ -17,7 +17,7 @@ from foretoken.core.routing.outputs import (
     _km_mean,
     is_round,
 )
-from foretoken.core.types import ModelName, RequestId, RouteDecision, WorkerId
+from foretoken.core.types import ModelName, RequestId, RouteDecision
 from foretoken.wire.records import Outcome, SchedulerSettings
 from foretoken.wire.route_rpc import RouteRequest
 from tests.unit.core.routing.one_worker import one_worker
@@ -363,18 +363,17 @@ def test_the_kaplan_meier_mean_counts_what_still_runs() -> None:
 
 
 def _burst(now_s: float, long_ones_fail: bool = False) -> OutputLengths:
-    """A burst of 40 requests with a 4096 setting on two workers, streaming from t = 0; the
-    10 shortest (100 tokens at 10 ms a token) answered at ``now_s`` while the other 30 still
-    run (or failed)."""
+    """A burst of 40 requests with a 4096 setting, the 30 longest streaming from t = 0; the
+    10 shortest (100 tokens, streamed for 1 s) answered at ``now_s`` while the other 30
+    still stream (or failed)."""
     outputs = OutputLengths(default_output_tokens=128, memory=1000, cold_output_tokens=512)
     for i in range(40):
         outputs.sent(RequestId(f"r{i}"), M, 4096)
-        outputs.started(RequestId(f"r{i}"), WorkerId(f"w{i % 2}"), 0.0)
+        outputs.started(RequestId(f"r{i}"), 0.0 if i < 30 else now_s - 1.0)
     for i in range(30) if long_ones_fail else ():
         outputs.forget(RequestId(f"r{i}"))
     for i in range(30, 40):
-        outputs.paced(WorkerId(f"w{i % 2}"), 0.01)
-        outputs.completed(RequestId(f"r{i}"), 100, now_s)
+        outputs.completed(RequestId(f"r{i}"), 100, now_s, streamed_s=1.0)
     return outputs
 
 
@@ -389,12 +388,12 @@ def test_answers_still_running_lengthen_the_expected_answer(
     alone = _burst(1.0, long_ones_fail=True)  # the shortest answers alone: 100 tokens
     assert alone.models[M].censored_ratio == 1.0
     assert alone.expected(M, 4096) == round(learned(learned(512, 100), 100))
-    # the 30 still running have produced 300 tokens each by t = 3 s: a quarter of the
-    # burst ended at 100, three quarters live on to 300 (Kaplan-Meier: 250)
+    # the 30 still streaming have streamed 3 s each by t = 3: a quarter of the burst ended
+    # at 1 s, three quarters live on to 3 s (Kaplan-Meier: 2.5 s, 2.5 times the answers')
     running = _burst(3.0)
     assert running.models[M].censored_ratio == pytest.approx(2.5)
     assert running.expected(M, 4096) == round(learned(learned(512, 250), 250))
-    running.started(RequestId("never-sent"), WorkerId("w0"), 0.0)  # unknown: never starts
+    running.started(RequestId("never-sent"), 0.0)  # unknown: never starts
     assert RequestId("never-sent") not in running.running
 
 
