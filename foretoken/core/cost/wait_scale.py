@@ -19,6 +19,15 @@ raw predicted wait of at least ``min_wait_s``), shrunk toward 0 as if ``prior`` 
 a scale below 1 (tried: ``[0.5, 4]`` and ``[0.8, 1.6]``) made underpredictions of more than
 5 s 1.8–2.5× as many, and the quick matrix lost 0.4–3.9 points (docs/BENCHMARKS.md).
 
+What the factor adds is at most the largest shortfall (actual − raw predicted wait) of
+those same first tokens: a ratio learned from shallow waits is not carried to deep ones
+beyond what was seen. A burst's first requests fall short by the prompts that arrive
+just after them and share their step — a fraction of one step, the same at any depth — and
+taken as a ratio it made every deep wait behind the burst too long
+(``azure-code/random-14/1.3``, exact caps, seed 5: a factor of ~1.2 learned from waits of
+0.3-0.5 s that came out ~0.35 s longer added ~0.7 s to waits of 3 s, which came out right;
+within 1 s 97.3% → 100%).
+
 Only this service's own decisions teach it (the raw wait is known only here): a read
 replica of another router's decisions keeps ``k = 1``.
 """
@@ -54,11 +63,26 @@ class WaitScale:
         self.config = config
         self._logs: dict[WorkerId, deque[float]] = {}
         self._factor: dict[WorkerId, float] = {}
+        self._shortfalls: dict[WorkerId, deque[float]] = {}
+        self._most: dict[WorkerId, float] = {}  # the largest shortfall in the window
         # decided here, first token not seen yet: (worker, raw predicted wait, own prefill)
         self._pending: OrderedDict[RequestId, tuple[WorkerId, float, float]] = OrderedDict()
 
     def factor(self, wid: WorkerId) -> float:
         return self._factor.get(wid, 1.0)
+
+    def scaled(self, wid: WorkerId, raw_wait_s: float) -> float:
+        """``raw_wait_s`` lengthened by the factor, by at most the largest shortfall seen."""
+        k = self._factor.get(wid, 1.0)
+        return raw_wait_s + min((k - 1.0) * raw_wait_s, self._most.get(wid, 0.0))
+
+    def raw(self, wid: WorkerId, scaled_s: float) -> float:
+        """The raw wait that :meth:`scaled` lengthens to ``scaled_s``."""
+        k = self._factor.get(wid, 1.0)
+        most = self._most.get(wid, 0.0)
+        if k <= 1.0 or scaled_s <= k * most / (k - 1.0):
+            return scaled_s / k
+        return scaled_s - most
 
     def decided(self, rid: RequestId, wid: WorkerId, raw_wait_s: float, own_s: float) -> None:
         """This service sent ``rid`` to ``wid`` predicting ``raw_wait_s`` (before the scale)
@@ -78,6 +102,9 @@ class WaitScale:
         cfg = self.config
         logs = self._logs.setdefault(wid, deque(maxlen=cfg.window))
         logs.append(math.log(ratio))
+        shortfalls = self._shortfalls.setdefault(wid, deque(maxlen=cfg.window))
+        shortfalls.append(max(actual_s - own - raw, 0.0))
+        self._most[wid] = max(shortfalls)
         m = len(logs)
         k = math.exp(float(np.median(logs)) * m / (m + cfg.prior))
         self._factor[wid] = min(max(k, 1.0), cfg.max_scale)
@@ -88,3 +115,5 @@ class WaitScale:
     def forget_worker(self, wid: WorkerId) -> None:
         self._logs.pop(wid, None)
         self._factor.pop(wid, None)
+        self._shortfalls.pop(wid, None)
+        self._most.pop(wid, None)

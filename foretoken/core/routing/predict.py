@@ -326,7 +326,7 @@ class Predictions:
         prefill = own + later + load_s
         ttft = max(result.ttft_s + load_s + later, prefill)
         if self.wait_scale is not None:
-            ttft = prefill + (ttft - prefill) * self.wait_scale.factor(wid)
+            ttft = prefill + self.wait_scale.scaled(wid, ttft - prefill)
         prediction = CandidatePrediction(
             worker_id=wid, predicted_ttft_s=ttft, queue_wait_s=max(0.0, ttft - prefill),
             prefill_s=prefill, cached_tokens=cached, cached_tier=deepest,

@@ -373,7 +373,7 @@ class RouteService:
         will say how far the walk's queue wait was off (the wait scale)."""
         scale = self.predictions.wait_scale
         if scale is not None and queue_wait_s is not None:
-            raw = queue_wait_s / scale.factor(wid)
+            raw = scale.raw(wid, queue_wait_s)
             scale.decided(rid, wid, raw, predicted_ttft_s - queue_wait_s)
 
     def _no_candidate(self, query: RouteQuery, ts: float) -> RouteDecision:

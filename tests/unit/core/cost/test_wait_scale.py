@@ -58,3 +58,19 @@ def test_a_removed_worker_starts_again_at_one() -> None:
 def test_config_is_checked() -> None:
     with pytest.raises(ValueError):
         WaitScaleConfig(max_scale=0.9)
+
+
+def test_the_scale_adds_no_more_than_the_largest_shortfall_it_learned_from() -> None:
+    # a burst's shallow waits (1 s predicted) came out 1.5 s: the factor says 1.5, and it
+    # says so of a wait of 6 s only up to the 0.5 s those waits fell short by
+    scale = WaitScale(WaitScaleConfig(window=8, prior=0.0, max_scale=2.0))
+    _feed(scale, W, 1.5, 8)
+    assert scale.factor(W) == pytest.approx(1.5)
+    assert scale.scaled(W, 0.5) == pytest.approx(0.75)
+    assert scale.scaled(W, 1.0) == pytest.approx(1.5)
+    assert scale.scaled(W, 6.0) == pytest.approx(6.5)
+    for raw in (0.0, 0.5, 1.0, 6.0):  # and the raw wait is read back from a scaled one
+        assert scale.raw(W, scale.scaled(W, raw)) == pytest.approx(raw)
+    assert scale.scaled(V, 6.0) == 6.0 and scale.raw(V, 6.0) == 6.0
+    scale.forget_worker(W)
+    assert scale.scaled(W, 6.0) == 6.0
