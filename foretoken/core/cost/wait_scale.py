@@ -64,7 +64,8 @@ class WaitScale:
         self._logs: dict[WorkerId, deque[float]] = {}
         self._factor: dict[WorkerId, float] = {}
         self._shortfalls: dict[WorkerId, deque[float]] = {}
-        self._most: dict[WorkerId, float] = {}  # the largest shortfall in the window
+        # the largest of each window's shortfalls, kept: every candidate prediction asks
+        self._most: dict[WorkerId, float] = {}
         # decided here, first token not seen yet: (worker, raw predicted wait, own prefill)
         self._pending: OrderedDict[RequestId, tuple[WorkerId, float, float]] = OrderedDict()
 

@@ -21,9 +21,8 @@ and the cap its request was sent with:
   still stream, the answers learned are the short ones — the ratio is the model's
   Kaplan–Meier mean time from first token to end, the streams still running censored at
   their time since their first token, over the mean of the ended ones' times), within
-  the cap (but where the other
-  caps learned are all their answers' lengths, an exact client's, a setting not
-  answered yet is too);
+  the cap (but where the other caps learned are all their answers' lengths, an exact
+  client's, a setting not answered yet is too);
 * for requests with **another cap** ``C`` (a per-request budget, or a length): the mean
   share of the cap used, ``q = L / C``, per power-of-two bucket of ``C`` and over all such
   caps (settings' shares kept out: a 8192 setting's 2% would make every budget's answer
