@@ -183,6 +183,7 @@ def _refused(grants: list[dict[str, Any]]) -> list[tuple[object, object]]:
     return [(g.get("worker_id"), g.get("reject_reason")) for g in grants if not g["admitted"]]
 
 
+@pytest.mark.alone  # compares two latencies: another suite beside it decides the order
 def test_overload_with_tight_bounds(stack: Stack) -> None:
     ids = [f"ov-{uuid.uuid4().hex[:8]}" for _ in range(60)]
     # Timed on the wire (httpx's hooks: request sent → response headers), not around the SDK
