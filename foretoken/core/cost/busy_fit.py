@@ -6,7 +6,7 @@ Pure: numpy only. ``a`` is the decayed weighted median of each chain's
 ``(seconds − steps·step − b·v) / u``; ``b`` is the reference deployment's until the chains
 known exactly (a prompt alone from a known start, a clean chain that ran until nothing sent
 waited) span enough prompt sizes to determine it, when both come from the cold fit's
-robust regression on those chains (:func:`~foretoken.core.cost.fit._fit_robust`).
+robust regression on those chains (:func:`~foretoken.core.cost.robust._fit_robust`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ import numpy.typing as npt
 from foretoken.core.cost.fit import (
     REFERENCE_B_S_PER_TOKEN2,
     FitConfig,
-    FloatArray,
     OnlinePrefillFit,
     PrefillCurve,
-    _fit_robust,
-    _weighted_median,
 )
+from foretoken.core.cost.robust import FloatArray, _fit_robust, _weighted_median
 
 # The busy-chain fit learns b only from samples up to at least this many tokens, spread
 # this much: below, the quadratic part is too small a share of a prompt's time to stand
