@@ -123,15 +123,6 @@ class _Window:
         window.sorted = sorted(samples)
         return window
 
-    def quantile_above(self, x: float, u: float) -> float | None:
-        """The ``u`` quantile of the samples greater than ``x`` (None: none is)."""
-        values = self.sorted
-        i = bisect_right(values, x)
-        n = len(values)
-        if i == n:
-            return None
-        return values[min(i + int(u * (n - i)), n - 1)]
-
 
 class Tail:
     """One request's answer length as learned (``core/queue/tails.py``): a quantile of the
@@ -148,13 +139,23 @@ class Tail:
         self.mean = mean  # in the window's unit
 
     def left(self, produced: int, u: float) -> int:
+        # the u quantile of the window's samples above what it produced, minus that; inline:
+        # called for every tailed decoder of every replay on the route path
         scale = self.scale
         done = produced / scale
-        above = self.window.quantile_above(done, u)
-        tokens = (above - done if above is not None else self.mean) * scale
-        if self.limit:
-            tokens = min(tokens, self.limit - produced)
-        return max(1, math.ceil(tokens))
+        values = self.window.sorted
+        n = len(values)
+        i = bisect_right(values, done)
+        if i < n:
+            j = i + int(u * (n - i))
+            tokens = (values[j if j < n else n - 1] - done) * scale
+        else:
+            tokens = self.mean * scale
+        limit = self.limit
+        if limit and tokens > limit - produced:
+            tokens = limit - produced
+        whole = math.ceil(tokens)
+        return whole if whole > 1 else 1
 
 
 class _Caps:
