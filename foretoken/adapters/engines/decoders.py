@@ -42,6 +42,7 @@ from foretoken.wire.records import KvEvent, KvEventBatch
 SEQ_BYTES: Final = 8
 REPLAY_END_SEQ: Final = (-1).to_bytes(SEQ_BYTES, "big", signed=True)
 _BATCH: Final = ("ts", "events", "data_parallel_rank")
+EPOCH_MARKER: Final = b"\x00sgl-kv-epoch="
 _msgpack = msgspec.msgpack.Decoder()
 
 
@@ -87,6 +88,16 @@ def frame_seq(frames: object) -> int | None:
     if not isinstance(seq, bytes) or len(seq) != SEQ_BYTES:
         return None
     return int.from_bytes(seq, "big")
+
+
+def topic_epoch(topic: bytes) -> bytes | None:
+    """The publisher lifecycle token in a topic frame (SGLang's snapshot-enabled publisher
+    appends ``\\x00sgl-kv-epoch=<uuid>``, new at every start), or None."""
+    at = topic.find(EPOCH_MARKER)
+    if at < 0:
+        return None
+    epoch = topic[at + len(EPOCH_MARKER) :]
+    return epoch.split(b"\x00", 1)[0] or None
 
 
 def decode_vllm_frames(

@@ -269,8 +269,9 @@ class EventDecoder:
         lora_id = fields.get("lora_id")
         if lora_id is not None and (isinstance(lora_id, bool) or not isinstance(lora_id, int)):
             raise DecodeError(f"lora_id must be an int or nil, got {type(lora_id).__name__}")
-        lora_name = None if self.engine == "sglang" else fields.get("lora_name")
-        lora_name = _opt_str(lora_name, "lora_name")
+        # a map names it (vLLM; SGLang maps since their LoRA namespacing); SGLang's array
+        # layouts have no lora_name position, so its position 7 is never read as one
+        lora_name = _opt_str(fields.get("lora_name"), "lora_name")
         if lora_name is None and lora_id is not None:
             lora_name = f"lora-id:{lora_id}"
         kind = _opt_str(fields.get("kv_cache_spec_kind"), "kv_cache_spec_kind")

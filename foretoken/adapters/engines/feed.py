@@ -35,10 +35,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from foretoken.adapters.engines.decoders import DecodedBatch, frame_seq
+from foretoken.adapters.engines.decoders import DecodedBatch, frame_seq, topic_epoch
 from foretoken.adapters.engines.health import EngineHealth
 from foretoken.adapters.engines.sequence import SeqDecision, SeqTracker
-from foretoken.core.types import ModelName, WorkerId
+from foretoken.core.types import MAX_SEQ, ModelName, WorkerId
 from foretoken.wire.codec import DecodeError
 from foretoken.wire.records import IndexReset, KvEventBatch
 
@@ -71,6 +71,7 @@ class EngineFeed:
         self.tracker, self.io, self.health = tracker, io, health
         self.max_undecodable_run = max_undecodable_run
         self.undecodable_run = 0
+        self.epoch: bytes | None = None  # the publisher's lifecycle token, when its topic has one
 
     # ------------------------------------------------------------------ input
 
@@ -89,7 +90,14 @@ class EngineFeed:
         await self.on_batch(decoded)
 
     async def on_batch(self, decoded: DecodedBatch) -> None:
-        decision = self.tracker.observe(self.worker, decoded.seq)
+        epoch = topic_epoch(decoded.topic)
+        if epoch is not None and self.epoch not in (None, epoch):
+            # a new publisher (SGLang's epoch): a restart even when its seq is not below ours
+            decision = self.tracker.restarted(self.worker, decoded.seq)
+        else:
+            decision = self.tracker.observe(self.worker, decoded.seq)
+        if epoch is not None:
+            self.epoch = epoch
         self.health.expected_seq = self.tracker.expected(self.worker)
         if decision.verdict == "restart":
             self.health.engine_restarts += 1
@@ -156,14 +164,17 @@ class EngineFeed:
         reset after too many in a row."""
         self.health.undecodable += 1
         await self.io.dead_letter(reason, raw)
-        if not replayed and (seq is None or not self.tracker.skip(self.worker, seq)):
-            return  # seq unknown: nothing is learnt about the stream
-        self.health.skipped += 1
-        self.health.expected_seq = self.tracker.expected(self.worker)
+        if replayed or (seq is not None and self.tracker.skip(self.worker, seq)):
+            self.health.skipped += 1
+            self.health.expected_seq = self.tracker.expected(self.worker)
+        # else seq unknown: nothing is learnt about the stream, but the message still counts
+        # in the run (a restarted engine whose new format we cannot read sends seqs below
+        # the expected one; after a gap, every later seq is above it)
         self.undecodable_run += 1
         if self.undecodable_run == self.max_undecodable_run + 1:
+            at = seq if seq is not None and seq <= MAX_SEQ else self.tracker.expected(self.worker)
             await self._reset(f"{self.undecodable_run} undecodable batches in a row",
-                              seq or 0, approximate=True)  # fmt: skip
+                              min(at or 0, MAX_SEQ), approximate=True)  # fmt: skip
 
     async def _reset(self, reason: str, seq: int, *, approximate: bool) -> None:
         self.health.resets += 1

@@ -86,6 +86,13 @@ class SeqTracker:
         if seq > expected:
             self.counters.gaps += 1
             return SeqDecision("gap", seq, expected, (expected, seq))
+        return self.restarted(worker_id, seq)
+
+    def restarted(self, worker_id: WorkerId, seq: int) -> SeqDecision:
+        """A live batch of a new engine process (its seq went back, or its publisher said
+        so: SGLang's topic epoch): its stream is [0, seq] whatever seq was expected."""
+        _check(seq)
+        expected = self._expected.get(worker_id)
         self.counters.restarts += 1
         self._expected[worker_id] = 0 if seq else 1
         return SeqDecision("restart", seq, expected, (0, seq) if seq else None)

@@ -133,3 +133,13 @@ def test_a_salted_component_store_keeps_its_metadata_after_the_component() -> No
     (stored,) = sglang([1.0, [event], 0]).batch.events
     assert isinstance(stored, BlockStored)
     assert stored.extra_keys == (msgspec.json.encode(["tenant"]).decode(),)
+
+
+def test_sglang_map_store_of_a_lora_is_credited_to_that_lora_only() -> None:
+    """Newer SGLang names the adapter (``lora_name``, with ``lora_id`` nil) in its maps: a
+    LoRA's blocks must not hit the base model's prompt of the same tokens."""
+    decoded = sglang([1.0, chain("GPU", lora_name="ada"), 0])
+    assert all(isinstance(e, BlockStored) and e.lora_name == "ada" for e in decoded.batch.events)
+    index = index_after(decoded)
+    assert hit(index) == (0, 0, 0)
+    assert index.lookup(M, PROMPT, lora_name="ada")[W].tokens == 4 * BS

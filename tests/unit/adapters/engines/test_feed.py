@@ -117,6 +117,25 @@ def test_a_run_of_undecodable_batches_resets_once() -> None:
     assert s.seqs() == [0, "r", 10] and s.health.resets == 1
 
 
+def test_a_run_of_undecodable_batches_after_a_lost_one_resets() -> None:
+    s = Stream(max_run=3)
+    for seq in range(10):
+        s.batch(seq)
+    for seq in range(11, 20):  # batch 10 was lost; every later one is unreadable
+        s.garbage(seq, replay=False)
+    assert s.seqs() == [*range(10), "r"] and s.health.skipped == 0
+
+
+def test_an_engine_restarted_into_an_unreadable_format_is_reset() -> None:
+    s = Stream(max_run=3)
+    s.feed.tracker.restore({str(W): 1_000_000})  # a long-running engine restarts...
+    for seq in range(10):  # ...and none of its new messages can be read
+        s.garbage(seq)
+    assert s.seqs() == ["r"] and s.health.resets == 1
+    s.send([b"", seq_bytes((1 << 64) - 1), b"\xc1"])  # a garbage seq never breaks a reset
+    assert s.health.undecodable == 11
+
+
 def test_an_unrepairable_gap_resets_approximately() -> None:
     s = Stream()
     s.batch(0)
@@ -179,3 +198,21 @@ def test_a_bad_event_is_dead_lettered_and_the_rest_of_its_batch_goes_out() -> No
     assert [type(e).__name__ for e in s.out[1].events] == ["BlockRemoved"]
     assert len(s.dead) == 1 and s.dead[0].startswith("seq 1 event 0: token ids")
     assert s.health.bad_events == 1 and s.health.undecodable == 0
+
+
+def test_a_new_sglang_epoch_is_a_restart_even_above_the_old_seq() -> None:
+    """SGLang's topic names its publisher's epoch: a new one is a new process, whose missed
+    first batches come through its replay, whatever seq the old one had reached."""
+    s = Stream()
+    old, new = b"kv\x00sgl-kv-epoch=aaaa", b"kv\x00sgl-kv-epoch=bbbb\x00sgl-kv-snapshot=1"
+
+    def frames(topic: bytes, seq: int) -> list[bytes]:
+        event = BlockStored(block_hashes=(seq,), token_ids=tuple(range(BS)), block_size=BS)
+        return encode_vllm_frames(topic, seq, 1.0, [event], block_size=BS)
+
+    for seq in range(5):
+        s.send(frames(old, seq))
+    s.replay = {seq: frames(new, seq)[2] for seq in range(9)}  # 0..7 missed live
+    s.send(frames(new, 8))
+    s.send(frames(new, 9))
+    assert s.seqs() == [0, 1, 2, 3, 4, "R", *range(10)] and s.health.engine_restarts == 1

@@ -95,3 +95,13 @@ def test_seq_first_sight_late_is_a_gap_from_zero_and_state_survives_restore() ->
     restored.restore(tracker.snapshot())
     assert restored.observe(W, 10).verdict == "ok"
     assert restored.observe(WorkerId("other"), 0).verdict == "ok"
+
+
+def test_a_publisher_that_says_it_restarted_restarts_the_stream_at_any_seq() -> None:
+    tracker = SeqTracker()
+    for seq in range(5):
+        tracker.observe(W, seq)
+    decision = tracker.restarted(W, 8)  # above the expected 5: observe would call it a gap
+    assert decision.verdict == "restart" and decision.missing == (0, 8) and decision.reset_index
+    assert tracker.expected(W) == 0 and tracker.counters.restarts == 1
+    assert tracker.restarted(W, 0).apply and tracker.expected(W) == 1
