@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from foretoken.adapters.http.router.deltas import tool_pieces
 from foretoken.adapters.http.router.requests import RequestError, tool_list
@@ -28,6 +28,28 @@ from foretoken.adapters.http.router.requests import RequestError, tool_list
 Event = Callable[[str, dict[str, Any]], bytes]
 # A tool result marked ``is_error``: the chat API has no flag for it, so its text says it.
 ERROR_PREFIX = "Error: "
+
+
+# A custom tool's fields: taken (the engine gets them), or accepted as asking for nothing
+# (``cache_control``: the engines cache prefixes on their own; ``eager_input_streaming``:
+# the input is streamed as the engine makes it anyway). The others a tool may name are
+# refused unless they ask for nothing (``defer_loading``: the tool left out of the prompt,
+# ``input_examples``, ``allowed_callers`` other than direct), and so is an unknown field.
+TOOL_FIELDS: Final = frozenset({"type", "name", "description", "input_schema", "strict",
+                                "cache_control", "eager_input_streaming"})  # fmt: skip
+_ASKS_NOTHING: Final = {"defer_loading": (False,), "input_examples": ([],),
+                        "allowed_callers": (["direct"],)}  # fmt: skip
+
+
+def _check_fields(tool: Mapping[str, Any], where: str) -> None:
+    for key, value in tool.items():
+        if key in TOOL_FIELDS or value is None or value in _ASKS_NOTHING.get(key, ()):
+            continue
+        raise RequestError(f"{where}.{key}: not a field of a custom tool, or not supported by "
+                           "this router", param=f"{where}.{key}")  # fmt: skip
+    for key, kind, name in (("description", str, "a string"), ("strict", bool, "a boolean")):
+        if tool.get(key) is not None and not isinstance(tool[key], kind):
+            raise RequestError(f"{where}.{key} must be {name}", param=f"{where}.{key}")
 
 
 def tools(value: Any) -> list[dict[str, Any]] | None:
@@ -40,11 +62,12 @@ def tools(value: Any) -> list[dict[str, Any]] | None:
         where = f"tools[{i}]"
         if not isinstance(tool, Mapping):
             raise RequestError(f"{where} must be an object", param=where)
-        kind = tool.get("type", "custom")
-        if kind != "custom":
+        kind = tool.get("type")
+        if kind not in (None, "custom"):  # (null: a custom tool, as the SDK types it)
             raise RequestError(f"{where}.type: Anthropic's server tools ({kind!r}) run at "
                                "Anthropic, not in this fleet's engines",
                                param=f"{where}.type")  # fmt: skip
+        _check_fields(tool, where)
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not name:
             raise RequestError(f"{where}.name is required", param=f"{where}.name")
@@ -52,12 +75,19 @@ def tools(value: Any) -> list[dict[str, Any]] | None:
             raise RequestError(f"{where}.input_schema must be an object",
                                param=f"{where}.input_schema")  # fmt: skip
         function: dict[str, Any] = {"name": name, "parameters": dict(schema)}
-        if isinstance(tool.get("description"), str):
+        if tool.get("description") is not None:
             function["description"] = tool["description"]
-        if isinstance(tool.get("strict"), bool):  # strict schema: the engine's to honour
+        if tool.get("strict") is not None:  # strict schema: the engine's to honour
             function["strict"] = tool["strict"]
         out.append({"type": "function", "function": function})
     return out
+
+
+# tool_choice's fields by its type (any other is refused, never dropped)
+CHOICE_FIELDS: Final = {"auto": {"type", "disable_parallel_tool_use"},
+                        "any": {"type", "disable_parallel_tool_use"},
+                        "tool": {"type", "name", "disable_parallel_tool_use"},
+                        "none": {"type"}}  # fmt: skip
 
 
 def tool_choice(value: Any, has_tools: bool) -> dict[str, Any]:
@@ -68,6 +98,13 @@ def tool_choice(value: Any, has_tools: bool) -> dict[str, Any]:
         raise RequestError("tool_choice.type must be auto, any, tool or none",
                            param="tool_choice")  # fmt: skip
     kind = value["type"]
+    for key in value:
+        if key not in CHOICE_FIELDS[kind]:
+            raise RequestError(f"tool_choice.{key}: not a field of tool_choice {kind!r}, or not "
+                               "supported by this router", param=f"tool_choice.{key}")  # fmt: skip
+    if value.get("disable_parallel_tool_use") not in (None, True, False):
+        raise RequestError("tool_choice.disable_parallel_tool_use must be a boolean",
+                           param="tool_choice.disable_parallel_tool_use")  # fmt: skip
     if kind == "none":
         return {"tool_choice": "none"} if has_tools else {}
     if not has_tools:

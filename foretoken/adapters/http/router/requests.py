@@ -105,7 +105,8 @@ class ContentPart(msgspec.Struct, kw_only=True):
 
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: ShortText
-    content: str | list[ContentPart] | None = None
+    # a bare string among the parts is a text part (vLLM takes it so: chat_messages.py)
+    content: str | list[ContentPart | str] | None = None
 
 
 class ChatBody(_Common, kw_only=True):
@@ -295,14 +296,14 @@ def _chat_text(body: ChatBody) -> str:
     """The transcript the engine's template makes of the messages: their text parts (other
     parts — images, audio — go to the engine as sent and carry no text here)."""
 
-    def text(i: int, content: str | list[ContentPart] | None) -> str:
+    def text(i: int, content: str | list[ContentPart | str] | None) -> str:
         if content is None or isinstance(content, str):
             return content or ""
         for j, part in enumerate(content):
-            if part.type == "text" and part.text is None:
+            if isinstance(part, ContentPart) and part.type == "text" and part.text is None:
                 where = f"messages[{i}].content[{j}].text"
                 raise RequestError(f"{where} is required (a text part's text)", param=where)
-        return "".join(p.text or "" for p in content)
+        return "".join(p if isinstance(p, str) else p.text or "" for p in content)
 
     prompt = body.add_generation_prompt is not False and not body.continue_final_message
     return transcript(((m.role, text(i, m.content)) for i, m in enumerate(body.messages)),

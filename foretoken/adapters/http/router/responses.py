@@ -219,6 +219,11 @@ def _include(value: Any) -> None:
                                f"(only {only})", param=f"include[{i}]")  # fmt: skip
 
 
+# a function tool's fields the chat completion takes; another is refused unless it asks
+# for nothing (null, false, [])
+FUNCTION_FIELDS: Final = frozenset({"type", "name", "description", "parameters", "strict"})
+
+
 def _tools(value: Any) -> list[dict[str, Any]] | None:
     """Function tools as the chat completion's (other tool types run at OpenAI: refused)."""
     given = tool_list(value)
@@ -235,6 +240,15 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
             )
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise RequestError(f"tools[{i}].name is required", param=f"tools[{i}].name")
+        for key, value in tool.items():  # refused, never dropped (defer_loading: true, …)
+            if key not in FUNCTION_FIELDS and not _asks_nothing(value):
+                where = f"tools[{i}].{key}"
+                raise RequestError(f"{where}: not a field of a function tool, or not supported "
+                                   "by this router", param=where)  # fmt: skip
+        for key, kind, what in (("description", str, "a string"), ("strict", bool, "a boolean"),
+                                ("parameters", dict, "an object")):  # fmt: skip
+            if tool.get(key) is not None and not isinstance(tool[key], kind):
+                raise RequestError(f"tools[{i}].{key} must be {what}", param=f"tools[{i}].{key}")
         function = {"name": tool["name"]}
         for key in ("description", "parameters", "strict"):
             if tool.get(key) is not None:
