@@ -19,6 +19,7 @@ is answered with its own status and message.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ DONE: Final = b"[DONE]"
 _EMPTY = re.compile(rb'"(?:text|content)": ?""|"delta": ?\{\s*\}')
 # SGLang's /generate: the last event's finish reason is an object (read for the counts)
 _FINISHED: Final = (b'"finish_reason":{', b'"finish_reason": {')
+_ABORTED: Final = (b'"finish_reason":"abort"', b'"finish_reason": "abort"')  # vLLM's
 _json = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
@@ -156,6 +158,10 @@ class Measured:
             self.output_tokens = usage.completion_tokens
 
 
+class _Unreadable(Exception):
+    """A relay could not take an engine event (a shape no engine should send)."""
+
+
 class ClientGone(Exception):
     """The client went away while its answer was being written."""
 
@@ -219,9 +225,16 @@ async def forward(
                 *events, buffer = buffer.split(b"\n\n")
                 batch = _scan(events, m, on_first_token)
                 if batch:
-                    await relay.send(batch)
+                    try:
+                        await relay.send(batch)
+                    except (ClientGone, asyncio.CancelledError):
+                        raise
+                    except Exception as exc:  # an engine event no relay expects
+                        raise _Unreadable(f"{type(exc).__name__}: {exc}"[:300]) from exc
     except ClientGone:
         raise
+    except _Unreadable as exc:  # the answer is broken off as an engine error, not a 500
+        error = f"engine answer unreadable: {exc}"
     except TimeoutError:  # aiohttp's read and connect timeouts are TimeoutErrors too
         m.timed_out = True
         silent = timeout.sock_read or timeout.total or 0.0
@@ -258,7 +271,8 @@ def _scan(events: list[bytes], m: Measured,
             continue
         chunk: Chunk | None = None
         if (m.first_token_s is None or b'"usage"' in payload or b'"error"' in payload
-                or _FINISHED[0] in payload or _FINISHED[1] in payload):  # fmt: skip
+                or _FINISHED[0] in payload or _FINISHED[1] in payload
+                or _ABORTED[0] in payload or _ABORTED[1] in payload):  # fmt: skip
             chunk = read_chunk(payload)
         if chunk is None:
             if not _EMPTY.search(payload):
@@ -272,6 +286,8 @@ def _scan(events: list[bytes], m: Measured,
         message = chunk.error_message
         if message is not None:
             m.status, m.error = "error", f"engine error: {message}"
+        elif any(c.finish_reason == "abort" for c in chunk.choices):  # vLLM aborted it
+            m.status, m.error = "error", "engine aborted the request (finish_reason abort)"
         elif chunk.has_content:
             m.chunks += 1
             if m.first_token_s is None:
@@ -544,16 +560,23 @@ class Collected:
 
 
 def _merge_call(calls: dict[int, dict[str, Any]], delta: Any) -> None:
+    """One streamed tool-call delta into the calls so far (an index that is not an int
+    opens a new call; pieces that are not strings are left out)."""
     if not isinstance(delta, dict):
         return
-    call = calls.setdefault(int(delta.get("index", len(calls))),
-                            {"id": None, "type": "function",
-                             "function": {"name": "", "arguments": ""}})  # fmt: skip
-    call["id"] = delta.get("id") or call["id"]
-    call["type"] = delta.get("type") or call["type"]
-    fn = delta.get("function") or {}
-    call["function"]["name"] += fn.get("name") or ""
-    call["function"]["arguments"] += fn.get("arguments") or ""
+    index = delta.get("index")
+    if not isinstance(index, int) or isinstance(index, bool):
+        index = len(calls)
+    call = calls.setdefault(index, {"id": None, "type": "function",
+                                    "function": {"name": "", "arguments": ""}})  # fmt: skip
+    for key in ("id", "type"):
+        if isinstance(delta.get(key), str) and delta[key]:
+            call[key] = delta[key]
+    fn = delta.get("function")
+    if isinstance(fn, dict):
+        for key in ("name", "arguments"):
+            if isinstance(fn.get(key), str):
+                call["function"][key] += fn[key]
 
 
 def _merge_logprobs(into: dict[str, list[Any]], piece: Any) -> None:
