@@ -77,10 +77,13 @@ def _responses(tool: dict[str, Any]) -> Any:
 def test_responses_function_tool_fields_are_taken_or_refused() -> None:
     for tool in (FUNCTION, FUNCTION | {"defer_loading": False, "description": "d"}):
         assert _responses(tool)[0]["function"]["parameters"] == SCHEMA
-    for tool, param in ((FUNCTION | {"defer_loading": True}, "tools[0].defer_loading"),
-                        (FUNCTION | {"paramters": SCHEMA}, "tools[0].paramters"),
-                        (FUNCTION | {"description": 5}, "tools[0].description"),
-                        (FUNCTION | {"parameters": "{}"}, "tools[0].parameters")):  # fmt: skip
+    refused: tuple[tuple[dict[str, Any], str], ...] = (
+        (FUNCTION | {"defer_loading": True}, "tools[0].defer_loading"),
+        (FUNCTION | {"paramters": SCHEMA}, "tools[0].paramters"),
+        (FUNCTION | {"description": 5}, "tools[0].description"),
+        (FUNCTION | {"parameters": "{}"}, "tools[0].parameters"),
+    )
+    for tool, param in refused:
         with pytest.raises(RequestError) as info:
             _responses(tool)
         assert info.value.status == 400 and info.value.param == param
