@@ -407,11 +407,13 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True, gc=False):
             raise ValueError("prompt_tokens must be >= 0")
         if self.admitted and self.worker_id is None:
             raise ValueError("an admitted grant names its worker")
+        if self.worker_id == "" or self.rerouted_from == "":  # a control event needs one
+            raise ValueError("worker_id and rerouted_from must be non-empty when given")
         if self.expected_output_tokens is not None and self.expected_output_tokens < 1:
             raise ValueError("expected_output_tokens must be >= 1")
         check_count("expected_output_tokens", self.expected_output_tokens, MAX_OUTPUT_TOKENS)
         for name in ("request_id", "model", "workload_class", "worker_id", "conversation_id",
-                     "rerouted_from"):  # fmt: skip
+                     "rerouted_from", "reject_reason"):  # fmt: skip
             check_len(name, getattr(self, name))
         check_count("cached_tokens", self.cached_tokens, MAX_PROMPT_TOKENS)
         check_count("queue_tokens_ahead", self.queue_tokens_ahead)
@@ -422,9 +424,10 @@ class RouteDecision(msgspec.Struct, kw_only=True, frozen=True, gc=False):
         check_part("prefill_s", self.prefill_s)
         if self.already_waited_s > MAX_DURATION_S:
             raise ValueError(f"already_waited_s must be at most {MAX_DURATION_S:g} s")
-        if self.fit is not None:
+        if self.fit is not None:  # the graded record checks what it carries of the fit
             check_finite("fit.a", self.fit.a, minimum=None)
             check_finite("fit.b", self.fit.b, minimum=None)
+            check_count("fit.samples", self.fit.samples)
 
 
 # --------------------------------------------------------------------------- outcomes

@@ -151,7 +151,11 @@ def _add_membership(app: faust.App, state: ProcessorState, outputs: dict[str, An
 def _add_controls(app: faust.App, state: ProcessorState, outputs: dict[str, Any]) -> None:
     @app.timer(interval=state.settings.controls.evaluate_every_s)
     async def evaluate_controls() -> None:
-        events = state.control_events()
+        try:
+            events = state.control_events()
+        except Exception:  # a timer that raises crashes the whole Faust app
+            log.exception("the latency controls' evaluation failed")
+            return
         if not state.grading:  # a replica's controls act on its decisions; the primary tells
             return
         for event in events:
@@ -165,7 +169,12 @@ def _add_controls(app: faust.App, state: ProcessorState, outputs: dict[str, Any]
 def _add_join_expiry(app: faust.App, state: ProcessorState, outputs: dict[str, Any]) -> None:
     @app.timer(interval=state.settings.join.expiry_interval_s)
     async def expire_join() -> None:
-        for graded in state.expire():
+        try:
+            expired = state.expire()
+        except Exception:  # a timer that raises crashes the whole Faust app
+            log.exception("the join's expiry failed")
+            expired = []
+        for graded in expired:
             await _emit(outputs, "graded", graded, state.settings.wire_format,
                         _sharded_partitions(state))  # fmt: skip
         await state.held_acks.release_settled()

@@ -69,6 +69,7 @@ class JoinCounters:
     orphan_outcomes: int = 0
     orphans_evicted: int = 0  # of those, dropped before the timeout (max_orphans)
     timed_out: int = 0
+    ungradable: int = 0  # requests whose grade was not a valid record (dropped, counted)
 
 
 @dataclass
@@ -96,7 +97,7 @@ class GradingJoin:
         entry.grant = grant
         self.orphans.pop(grant.request_id, None)
         if not grant.admitted or entry.completion is not None:
-            return [self._finish(grant.request_id)]
+            return self._finish(grant.request_id)
         return []
 
     def on_outcome(self, outcome: RequestOutcome, now_s: float) -> list[GradedRequest]:
@@ -109,7 +110,7 @@ class GradingJoin:
         else:
             entry.completion = entry.completion or outcome
         if entry.completion is not None and entry.grant is not None:
-            return [self._finish(outcome.request_id)]
+            return self._finish(outcome.request_id)
         if entry.grant is None:
             self.orphans[outcome.request_id] = None
             if len(self.orphans) > self.max_orphans:
@@ -130,15 +131,24 @@ class GradingJoin:
                 self.counters.orphan_outcomes += 1
                 continue
             self.counters.timed_out += 1
-            out.append(self._finish(rid))
+            out.extend(self._finish(rid))
         return out
 
-    def _finish(self, rid: RequestId) -> GradedRequest:
+    def _finish(self, rid: RequestId) -> list[GradedRequest]:
+        """The request's grade (none when its sides do not make a valid graded record: it
+        is dropped and counted, never raised into the caller, whose other requests —
+        the rest of an expiry pass — would be lost with it, and an expiry timer that
+        raises stops the processor)."""
         entry = self.pending.pop(rid)
         assert entry.grant is not None
         self.done[rid] = None
         if len(self.done) > self.graded_memory:
             self.done.popitem(last=False)
+        try:
+            graded = grade(entry.grant, entry.first, entry.completion, self.block_size_of,
+                           self.reports_cached_of)  # fmt: skip
+        except ValueError:
+            self.counters.ungradable += 1
+            return []
         self.counters.graded += 1
-        return grade(entry.grant, entry.first, entry.completion, self.block_size_of,
-                     self.reports_cached_of)  # fmt: skip
+        return [graded]

@@ -127,7 +127,10 @@ class RouteService:
         self.unconfirmed.pop(grant.request_id, None)
         if self.predictions.overdue is not None:  # sent for real: its wait is evidence
             self.predictions.overdue.confirm(grant.request_id, grant.worker_id)
-        if self.controls is not None:
+        # Only a registered worker's: one per made-up worker id (a stranger's grants) was
+        # a track and metric labels for ever, and the controls' timer then blocked the
+        # event loop for seconds at every tick.
+        if self.controls is not None and grant.worker_id in self.book.queues:
             self.controls.observe_grant(grant, now_s)
         self._withdraw_overruled(grant, now_s)
         if grant.admitted and grant.worker_id is not None:
