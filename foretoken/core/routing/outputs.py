@@ -85,6 +85,10 @@ PRIOR_ANSWERS = 8
 # A model's answers still running are counted at most this often (seconds of outcome time:
 # a Kaplan-Meier mean over a few hundred lengths costs ~0.1 ms).
 CENSORED_EVERY_S = 0.1
+# Learned answers are at most this long (route.max_output_tokens' default) and within
+# their cap; one that streamed faster than this many tokens a second is not learned.
+MAX_LEARNED_OUTPUT = 1 << 20
+MAX_TOKENS_PER_S = 20_000
 # Settings learned per model (their answers in tokens, least recently answered dropped),
 # and the prefix of their keys in a snapshot ("s4096").
 MAX_SETTINGS = 64
@@ -485,6 +489,11 @@ class OutputLengths:
         if known is None or output_tokens < 1 or not self.learn:
             return
         model, cap = known
+        # a count no engine could have made is not learned (an outcome from a stranger or
+        # a miscount: 2^40 tokens in 20 ms priced every later request at years)
+        output_tokens = min(output_tokens, cap or MAX_LEARNED_OUTPUT, MAX_LEARNED_OUTPUT)
+        if streamed_s is not None and output_tokens > MAX_TOKENS_PER_S * max(streamed_s, 0) + 256:
+            return  # (256: an engine may send a short answer's tokens in one chunk)
         m = self.models.setdefault(model, _Model())
         m.lengths.add(output_tokens)
         m.lengths_window.add(output_tokens)

@@ -86,6 +86,26 @@ def test_unknown_failed_and_forgotten_requests_teach_nothing() -> None:
     assert len(outputs.pending) == 4
 
 
+def test_lengths_no_engine_could_have_made_are_not_learned() -> None:
+    """An outcome claiming 2^40 tokens (a stranger's, or a miscount) made every later
+    request's expected answer years long; a count is taken within its cap and a bound, and
+    one streamed faster than any engine decodes is not taken at all."""
+    outputs = OutputLengths(default_output_tokens=128, memory=1_000)
+    for i in range(MIN_SAMPLES):
+        for rid, cap in ((f"none{i}", None), (f"cap{i}", 100)):
+            outputs.sent(RequestId(rid), M, cap)
+            outputs.completed(RequestId(rid), 1 << 40, streamed_s=0.02)
+    # the capped ones at their cap (99 tokens in 20 ms may be), the others not at all: a
+    # request without a cap is expected at every answer's mean, 100
+    assert outputs.learned == MIN_SAMPLES and outputs.expected(M, None) == 100
+    for i in range(MIN_SAMPLES):
+        for rid, cap in ((f"n{i}", None), (f"c{i}", 100)):
+            outputs.sent(RequestId(rid), M, cap)
+            outputs.completed(RequestId(rid), 1 << 40)  # no time: bounded only
+    assert outputs.expected(M, None) == outputs_module.MAX_LEARNED_OUTPUT
+    assert outputs.expected(M, 100) == 100
+
+
 def test_learning_off_keeps_the_caps() -> None:
     outputs = OutputLengths(default_output_tokens=128, memory=100, learn=False)
     for i in range(50):
