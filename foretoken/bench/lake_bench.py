@@ -185,7 +185,8 @@ def polars_accuracy_by_hour(root: Path) -> pl.DataFrame:
     actual_within = (pl.when(pl.col("actual_ttft_s").is_not_null())
                      .then(pl.col("actual_ttft_s") <= bound)
                      .when(censored).then(False).otherwise(None))  # fmt: skip
-    under = pl.col("admitted") & predicted_within & actual_within.not_()
+    promised = pl.col("admitted") & pl.col("explore").fill_null(False).not_()  # no explore
+    under = promised & predicted_within & actual_within.not_()
     return (
         latest.group_by(HOUR_PARTITION)
         .agg(

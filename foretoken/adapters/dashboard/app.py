@@ -470,7 +470,20 @@ def actual_only(matrix: data.BoundMatrix) -> None:
 # --------------------------------------------------------------------------- page
 
 
+def unreadable(lake: str, exc: duckdb.Error) -> None:
+    """A file in the lake DuckDB cannot read (corrupt, cut short, not Parquet): one line
+    naming it, as ``foretoken report`` says it, instead of a traceback."""
+    st.error(f"The lake at `{lake}` cannot be read: {str(exc).split(chr(10))[0][:500]}")
+
+
 def body(lake: str, filters: data.Filters) -> None:
+    try:
+        page(lake, filters)
+    except duckdb.Error as exc:  # a file that went bad while the page was open
+        unreadable(lake, exc)
+
+
+def page(lake: str, filters: data.Filters) -> None:
     con = connect(lake)
     options = data.options(con)
     ov = data.overview(con, filters)
@@ -497,7 +510,11 @@ def main() -> None:
     lake = str(Path(settings.lake).expanduser())
     if not Path(lake).is_dir():
         st.warning(f"The lake directory `{lake}` does not exist (yet); showing it as empty.")
-    options = data.options(connect(lake))
+    try:
+        options = data.options(connect(lake))
+    except duckdb.Error as exc:
+        unreadable(lake, exc)
+        st.stop()
     if options.min_ts is None:
         st.info(
             f"The lake at `{lake}` has no graded requests yet. Fill it with "

@@ -197,8 +197,8 @@ SELECT
         FILTER ({GRADED_SERVED} AND NOT cache_disagreement) AS within_1s_agreeing,
     avg((abs(error_s) <= 1)::INT)
         FILTER ({GRADED_SERVED} AND cache_disagreement) AS within_1s_disagreeing,
-    count(*) FILTER (admitted AND predicted_within_bound AND actual_within_bound IS NOT NULL)
-        AS promised,
+    count(*) FILTER (admitted AND NOT coalesce(explore, false) AND predicted_within_bound
+                     AND actual_within_bound IS NOT NULL) AS promised,
     count(*) FILTER (underprediction) AS underpredicted,
     count(*) FILTER (status = 'served' AND cache_source = 'approximate') AS approximate_credit,
     count(*) FILTER (status = 'served' AND engine_cached_tokens IS NULL) AS reuse_unknown
@@ -262,8 +262,10 @@ def false_alarms(
 )
 , rejected AS (
     SELECT floor(log10(predicted_ttft_s) * ?) AS bin, max_queue_wait_s AS bound, count(*) AS n
-    FROM b
+    FROM b  -- the predictor's own would-be rejections, as per_bound's (PRODUCT.md §4)
     WHERE status = 'rejected' AND predicted_ttft_s > 0 AND max_queue_wait_s IS NOT NULL
+      AND NOT fallback AND coalesce(reject_reason, 'predicted_ttft_exceeds_bound')
+          IN ('predicted_ttft_exceeds_bound', 'prefill_exceeds_bound', 'overloaded')
     GROUP BY ALL
 )
 , per_bin AS (
@@ -367,8 +369,7 @@ SELECT
     quantile_cont(actual_ttft_s, 0.95) FILTER (status = 'served') AS actual_p95_s,
     quantile_cont(actual_ttft_s, 0.99) FILTER (status = 'served') AS actual_p99_s,
     avg(cache_disagreement::INT) FILTER (status = 'served') AS disagreement,
-    count(*) FILTER (admitted AND predicted_ttft_s <= max_queue_wait_s
-                     AND actual_ttft_s > max_queue_wait_s) AS underpredicted
+    count(*) FILTER (underprediction) AS underpredicted  -- the graded view's (PRODUCT.md §4)
 FROM g
 GROUP BY 1
 ORDER BY 1
@@ -476,8 +477,7 @@ SELECT
     count(*) FILTER (status = 'rejected') AS rejected,
     count(*) FILTER (explore) AS explore,
     avg((actual_ttft_s <= max_queue_wait_s)::INT) FILTER (status = 'served') AS served_within,
-    count(*) FILTER (admitted AND predicted_ttft_s <= max_queue_wait_s
-                     AND actual_ttft_s > max_queue_wait_s) AS underpredicted
+    count(*) FILTER (underprediction) AS underpredicted
 FROM g
 WHERE max_queue_wait_s IS NOT NULL
 GROUP BY 1
@@ -506,12 +506,13 @@ def bound_matrix(
     con: duckdb.DuckDBPyConnection, filters: Filters, bound_s: float, *, what_if: bool
 ) -> BoundMatrix:
     """Requests that carried ``bound_s`` — or, ``what_if``, every served request judged
-    against ``bound_s`` as if it had been its bound."""
+    against ``bound_s`` as if it had been its bound. Predicted side: the admission test,
+    already waited + predicted ≤ B (the actual TTFT counts the wait already)."""
     sql = (
         FILTERED
         + """
 , p AS (SELECT ?::DOUBLE AS bound, ?::BOOLEAN AS what_if)
-SELECT predicted_ttft_s <= bound AS predicted_within,
+SELECT coalesce(already_waited_s, 0) + predicted_ttft_s <= bound AS predicted_within,
        actual_ttft_s <= bound AS actual_within,
        count(*) AS n
 FROM g, p

@@ -268,9 +268,14 @@ WHERE status = 'served' AND predicted_ttft_s > 0 AND actual_ttft_s > 0
 """
 # A uniform sample of the fit rows, drawn by DuckDB (integers only are formatted in).
 SAMPLE: Final = "SELECT * FROM ({pairs}) USING SAMPLE reservoir({rows} ROWS) REPEATABLE ({seed})"
+# The predictor's own would-be rejections, as the false_alarms view counts them: the others
+# (no worker holds the prompt or serves the model, the latency controls shed the class, the
+# router's fallback) no delay could turn, so they are no false alarms (PRODUCT.md §4).
 REJECTED: Final = """
 SELECT coalesce(predicted_ttft_s, 'NaN'::DOUBLE) AS predicted_ttft_s, max_queue_wait_s
-FROM graded WHERE NOT admitted AND max_queue_wait_s IS NOT NULL
+FROM graded WHERE NOT admitted AND max_queue_wait_s IS NOT NULL AND NOT fallback
+  AND coalesce(reject_reason, 'predicted_ttft_exceeds_bound')
+      IN ('predicted_ttft_exceeds_bound', 'prefill_exceeds_bound', 'overloaded')
 """
 
 

@@ -54,6 +54,7 @@ deleted before it is opened fails with an I/O error and is simply run again
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -88,6 +89,8 @@ STALE_TMP_S: Final = 3600.0  # a temporary file this old belongs to a writer tha
 KEY: Final = "request_id"
 SERVED: Final = "served"
 SERVED_ONLY: Final = ("actual_ttft_s", "error_s")  # TTFT grades exist for served requests
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- schema
@@ -300,7 +303,11 @@ class LakeWriter:
         done: list[Compacted] = []
         for name, directory in dirs.items():
             self._remove_stale_tmp(directory)
-            result = self._compact_hour(name, directory)
+            try:
+                result = self._compact_hour(name, directory)
+            except Exception as exc:  # one hour that cannot be merged never blocks the others
+                log.warning("lake hour %s not compacted: %s", name, exc)
+                continue
             if result is not None:
                 done.append(result)
         return done
@@ -314,13 +321,26 @@ class LakeWriter:
         return done
 
     def _compact_hour(self, hour: str, directory: Path) -> Compacted | None:
-        inputs = part_files(directory)
+        inputs, frames = [], []
+        for path in part_files(directory):
+            try:
+                raw = pl.read_parquet(path)
+            except FileNotFoundError:
+                return None  # another compaction of this hour got there first
+            except (OSError, pl.exceptions.PolarsError) as exc:
+                log.warning("lake file %s is not readable Parquet, left as it is: %s", path, exc)
+                continue
+            unknown = sorted(set(raw.columns) - graded_schema().keys())
+            if KEY not in raw.columns or unknown:  # a foreign file (the views skip it), or
+                log.warning(  # a newer writer's: never dropped, never merged into ours
+                    "lake file %s left as it is: %s", path,
+                    f"columns {unknown} are not Graded fields" if unknown else "no request_id",
+                )  # fmt: skip
+                continue
+            inputs.append(path)
+            frames.append(conform(raw))
         if len(inputs) < 2:
             return None
-        try:
-            frames = [conform(pl.read_parquet(path)) for path in inputs]
-        except FileNotFoundError:
-            return None  # another compaction of this hour got there first
         merged = pl.concat(frames, how="vertical")
         latest = latest_per_request(merged)
         seqs = [int(s) for s in map(part_sequence, inputs) if s]

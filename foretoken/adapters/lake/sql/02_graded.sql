@@ -15,7 +15,9 @@
 --   actual_within_bound = actual ≤ B (B = max_queue_wait_s) — and false, not unknown, for
 --   an admitted request that failed or was given up with no first token after already_waited
 --   + e2e > B (its first token would have been later still: the worst misses);
---   underprediction = admitted ∧ predicted_within_bound ∧ ¬actual_within_bound.
+--   underprediction = admitted ∧ predicted_within_bound ∧ ¬actual_within_bound, for the
+--   requests the router promised: not an explore admission (a would-be rejection admitted
+--   anyway; with predictor.admission_quantile its point prediction may well be ≤ B).
 WITH multi_file_hours AS (
     SELECT hour FROM lake_files GROUP BY hour HAVING count(*) > 1
 ),
@@ -47,5 +49,6 @@ SELECT
     abs(error_s) AS abs_error_s,
     abs(error_s) <= 1 AS within_1s,
     abs(error_s) <= 10 AS within_10s,
-    admitted AND predicted_within_bound AND NOT actual_within_bound AS underprediction
+    admitted AND NOT coalesce(explore, false) AND predicted_within_bound
+        AND NOT actual_within_bound AS underprediction
 FROM bounded

@@ -1,8 +1,8 @@
 -- Per bound value B (each max_queue_wait_s present), PRODUCT.md §4: what was admitted and
 -- rejected, the underpredictions (admitted ∧ predicted ≤ B ∧ actual > B) and the
 -- same-side-of-bound matrix over served requests with a prediction: predicted ≤ B or > B
--- against actual ≤ B or > B. "promised" = served requests predicted within B (the
--- denominator of the underprediction rate). Predicted and actual TTFT are compared with B
+-- against actual ≤ B or > B. "promised" = admitted requests predicted within B, whose side
+-- of B is known, explore admissions left out (the denominator of the underprediction rate). Predicted and actual TTFT are compared with B
 -- as they are (already_waited_s is not subtracted).
 SELECT
     *,
@@ -21,7 +21,8 @@ FROM (
         count(*) FILTER (NOT admitted) AS rejected,
         count(*) FILTER (admitted AND explore) AS explore_admitted,
         count(*) FILTER (status = 'served') AS served,
-        count(*) FILTER (predicted_within_bound AND actual_within_bound IS NOT NULL) AS promised,
+        count(*) FILTER (admitted AND NOT coalesce(explore, false) AND predicted_within_bound
+                         AND actual_within_bound IS NOT NULL) AS promised,
         count(*) FILTER (underprediction) AS underpredictions,
         count(*) FILTER (predicted_within_bound AND actual_within_bound)
             AS predicted_within_actual_within,

@@ -462,3 +462,18 @@ def test_approximate_credit_and_unknown_reuse_are_marked(
     )
     unknown = rows["approximate"]["disagreement"]
     assert unknown is None or math.isnan(unknown)  # unknown reuse: no rate, never 0
+
+
+def test_an_unreadable_file_is_one_error_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A cut-short or empty part file (a crash before fsync) used to fail the whole page
+    with DuckDB's exception and stack trace; the CLI says it in one line, so does the app."""
+    lake = tmp_path / "lake"
+    write_lake(synthetic_records(50, predictions=True), lake)
+    at = run_app(monkeypatch, lake)
+    hour = next((lake / "graded").iterdir())
+    (hour / "part-99999999999999999999-empty.parquet").write_bytes(b"")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("cannot be read" in e.value and "empty.parquet" in e.value for e in at.error)

@@ -149,3 +149,50 @@ def test_both_estimates_from_a_lake_cover_the_truth(tmp_path: Path) -> None:
             pytest.approx(lo), pytest.approx(hi))  # fmt: skip
         assert d["rejected"] == m["rejected"] > 0
     assert result["model_fit_rows"] > MIN_FIT_ROWS and "QuantReg" in result["model_method"]
+
+
+def test_rejections_no_delay_could_turn_are_no_model_based_false_alarms(tmp_path: Path) -> None:
+    """Requests the latency controls shed (or the router's fallback turned away) are counted
+    apart by the direct estimate; the model-based one counted them as would-be false alarms
+    (and the dashboard said "5 of 0 rejections covered")."""
+    from foretoken.adapters.dashboard import data
+    from tests.unit.adapters.lake.test_views import rec
+
+    served = [
+        rec(
+            f"s{i}",
+            worker_id="w1",
+            predicted_ttft_s=1.0 + 0.01 * i,
+            actual_ttft_s=1.0 + 0.012 * i,
+            max_queue_wait_s=5.0,
+        )
+        for i in range(40)
+    ]
+    shed = [
+        rec(
+            f"shed{i}",
+            status="rejected",
+            admitted=False,
+            predicted_ttft_s=1.0,
+            max_queue_wait_s=5.0,
+            reject_reason="admission_control",
+        )
+        for i in range(5)
+    ]
+    fallback = rec(
+        "fb",
+        status="rejected",
+        admitted=False,
+        fallback=True,
+        predicted_ttft_s=1.0,
+        max_queue_wait_s=5.0,
+        reject_reason="predicted_ttft_exceeds_bound",
+    )
+    LakeWriter(tmp_path).append([*served, *shed, fallback])
+    with connect(tmp_path) as con:
+        result = estimate(con, draws=20)
+        assert result["model_based"] == []
+        (direct,) = result["direct"]
+        assert direct["rejected"] == 0 and direct["rejected_not_explored"] == 6
+        fa = data.false_alarms(con, data.Filters())
+    assert (fa.rejected, fa.covered, fa.distribution_estimate) == (0, 0, None)

@@ -459,3 +459,61 @@ def test_a_query_that_races_a_compaction_is_run_again() -> None:
     assert query(_Flaky(failures=1), "SELECT 42").item() == 42  # type: ignore[arg-type]
     with pytest.raises(duckdb.IOException):
         query(_Flaky(failures=5), "SELECT 42")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- audit regressions
+
+
+def test_a_name_value_directory_above_the_lake_is_no_column(tmp_path: Path) -> None:
+    """DuckDB's hive partitioning took every `name=value` directory of the path as a column:
+    a lake under `model=x/` read every row's model as "x", one under `hour=x/` every hour as
+    "x", which also switched the per-request-id dedupe off (a re-delivery counted twice)."""
+    for parent in ("model=other", "hour=x", "ts=5"):
+        root = tmp_path / parent / "lake"
+        build_golden(root)
+        with connect(root) as con:
+            check(metric(con, "totals"), requests=10, hours=2, first_ts=HOUR0 + 10.0)
+            assert [r["model"] for r in rows(con, "SELECT * FROM by_model")] == ["m1", "m2"]
+            hours = [r["hour"] for r in rows(con, "SELECT * FROM accuracy_by_hour")]
+            assert hours == ["2025-01-01T00", "2025-01-01T01"], parent
+
+
+def test_an_explore_admission_is_no_promise_hence_no_underprediction(tmp_path: Path) -> None:
+    """With predictor.admission_quantile the router rejects on the q-quantile, so a would-be
+    rejection admitted by explore may have a point prediction ≤ B: it was never promised."""
+    LakeWriter(tmp_path).append([
+        served("promised", "w1", 2.0, 7.0, 5.0, 0, 0),
+        served("explored", "w1", 3.0, 7.0, 5.0, 0, 0, explore=True),
+    ])  # fmt: skip
+    with connect(tmp_path) as con:
+        check(metric(con, "underpredictions"), promised=1, underpredictions=1,
+              underprediction_rate=1.0)  # fmt: skip
+        (bound,) = rows(con, "SELECT * FROM bounds")
+        check(bound, promised=1, underpredictions=1, explore_admitted=1,
+              predicted_within_actual_over=2)  # fmt: skip
+        graded = by(rows(con, "SELECT * FROM graded"), "request_id")
+        assert graded["promised"]["underprediction"] and not graded["explored"]["underprediction"]
+
+
+def test_a_file_compaction_cannot_merge_is_left_alone_and_blocks_no_other_hour(
+    tmp_path: Path,
+) -> None:
+    """A foreign or unreadable file made compaction raise, and compact_closed stopped at
+    that hour: every later hour stayed uncompacted for good."""
+    writer = LakeWriter(tmp_path)
+    for hour in range(3):
+        for rid in ("a", "b"):
+            writer.append([rec(f"{rid}{hour}", ts=HOUR0 + hour * 3600.0 + 1)])
+    first, second = hour_dirs(tmp_path)["2025-01-01T00"], hour_dirs(tmp_path)["2025-01-01T01"]
+    foreign = first / "part-zzz-foreign.parquet"
+    pl.DataFrame({"x": [1]}).write_parquet(foreign)
+    broken = second / "part-00000000000000000000-broken.parquet"
+    broken.write_bytes(b"PAR1 cut short")
+    done = writer.compact_closed(now_s=HOUR0 + 10 * 3600.0, after_s=60.0)
+    assert sorted((c.hour, c.merged_files, c.rows_out) for c in done) == [
+        ("2025-01-01T00", 2, 2), ("2025-01-01T01", 2, 2), ("2025-01-01T02", 2, 2)
+    ]  # fmt: skip
+    assert foreign.exists() and broken.exists()  # never dropped: someone else's, or evidence
+    broken.unlink()
+    with connect(tmp_path) as con:
+        assert metric(con, "totals")["requests"] == 6
