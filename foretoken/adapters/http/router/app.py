@@ -292,6 +292,7 @@ async def healthz(request: web.Request) -> web.Response:
         "status": "ok", "pid": os.getpid(), "kafka_connected": state.publisher.connected,
         "buffered": state.publisher.queue.qsize(), "dropped": state.publisher.dropped,
         "published": state.publisher.published, "unencodable": state.publisher.unencodable,
+        "failed_sends": state.publisher.failed_sends,
         "missing_topics": state.publisher.missing_topics,
         "route_services": state.routing.client.describe(),
     })  # fmt: skip
@@ -305,6 +306,8 @@ async def metrics(request: web.Request) -> web.Response:
         f"foretoken_router_publish_buffered {pub.queue.qsize()}\n"
         f"foretoken_router_publish_dropped_total {pub.dropped}\n"
         f"foretoken_router_published_total {pub.published}\n"
+        f"foretoken_router_publish_failed_sends_total {pub.failed_sends}\n"
+        f"foretoken_router_kafka_connected {int(pub.connected)}\n"
     )
     return web.Response(text=text, content_type="text/plain")
 

@@ -3,7 +3,10 @@
 Records go into a bounded in-memory queue (``put`` never waits); a background task drains it
 through an idempotent, batching aiokafka producer. While Kafka is down the queue absorbs up to
 ``capacity`` records; past that new records are dropped and counted, and the router keeps
-serving.
+serving. A record counts as published once the broker acknowledged it: one whose delivery
+fails (expired while the broker was down, or refused) is put back in the queue (dropped and
+counted if it is full) and the producer is replaced — an idempotent producer that lost a
+batch refuses every later record of that partition (OutOfOrderSequenceNumber) for good.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from functools import partial
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -32,7 +36,7 @@ class Publisher:
         self.queue: asyncio.Queue[tuple[str, Record]] = asyncio.Queue(maxsize=capacity)
         self.dropped = 0
         self.published = 0
-        self.failed_sends = 0
+        self.failed_sends = 0  # sends or deliveries that failed (their records re-queued)
         # Records that could not be encoded (a bug upstream): dropped one by one, counted.
         self.unencodable = 0
         self.connected = False
@@ -41,6 +45,11 @@ class Publisher:
         self._task: asyncio.Task[None] | None = None
         # By model when the topics are sharded (an outcome goes where its grant went).
         self.partitioner = Partitioner(settings)
+        # Records handed to the producer and not yet acknowledged (delivery future → record).
+        self._inflight: dict[asyncio.Future[object], tuple[str, Record]] = {}
+        self._generation = 0  # the producer's; a failed delivery of the current one breaks it
+        self._broken: KafkaError | None = None
+        self._alarm: asyncio.Future[None] | None = None
 
     def put(self, logical: str, record: Record) -> bool:
         try:
@@ -68,6 +77,8 @@ class Publisher:
                 enable_idempotence=True,
                 linger_ms=LINGER_MS,
             )
+            self._generation += 1
+            self._broken = None
             try:
                 await producer.start()
                 self.connected = True
@@ -80,8 +91,55 @@ class Publisher:
             finally:
                 self.connected = False
                 with contextlib.suppress(Exception):
-                    await producer.stop()
+                    await producer.stop()  # what it held is delivered or fails (re-queued)
+                self._requeue_unresolved()
             await asyncio.sleep(RECONNECT_S)
+
+    def _requeue_unresolved(self) -> None:
+        """Records a stopped producer neither delivered nor failed: back in the queue."""
+        for future, (logical, record) in list(self._inflight.items()):
+            if not future.done():
+                del self._inflight[future]
+                self.failed_sends += 1
+                self.put(logical, record)
+
+    def _delivered(self, generation: int, logical: str, record: Record,
+                   future: asyncio.Future[object]) -> None:  # fmt: skip
+        if self._inflight.pop(future, None) is None:
+            return  # already re-queued
+        exc = None if future.cancelled() else future.exception()
+        if not future.cancelled() and exc is None:
+            self.published += 1
+            return
+        self.failed_sends += 1
+        self.put(logical, record)  # again (dropped and counted when the buffer is full)
+        if generation == self._generation and self._broken is None:
+            self.connected = False
+            self._broken = KafkaError(f"a {logical} record was not delivered: {exc!r}")
+            if self._alarm is not None and not self._alarm.done():
+                self._alarm.set_result(None)
+
+    async def _next(self) -> tuple[str, Record]:
+        """The next record to send; raises as soon as a delivery of this producer failed."""
+        if self._broken is not None:
+            raise self._broken
+        if not self.queue.empty():
+            return self.queue.get_nowait()
+        getter = asyncio.ensure_future(self.queue.get())
+        self._alarm = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait((getter, self._alarm), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._alarm = None
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            if self._broken is None:
+                return getter.result()
+            self.queue.task_done()  # this producer is given up: the record waits for the next
+            self.put(*getter.result())
+        assert self._broken is not None
+        raise self._broken
 
     async def _check_topics(self) -> None:
         """Say clearly, once per connection, when a topic this router writes is missing
@@ -97,7 +155,7 @@ class Publisher:
     async def _drain(self, producer: AIOKafkaProducer) -> None:
         fmt = self.settings.wire_format
         while True:
-            logical, record = await self.queue.get()
+            logical, record = await self._next()
             try:
                 value, key = encode(record, fmt), record_key(logical, record)
                 partition = self.partitioner.partition(logical, record)
@@ -108,13 +166,14 @@ class Publisher:
                           type(exc).__name__, exc)  # fmt: skip
                 continue
             try:
-                await producer.send(self.settings.topic(logical), value=value, key=key,
-                                    partition=partition)  # fmt: skip
-                self.published += 1
+                future = await producer.send(self.settings.topic(logical), value=value, key=key,
+                                             partition=partition)  # fmt: skip
             except KafkaError:
                 self.failed_sends += 1
                 self.queue.task_done()
                 # Put it back at the front is impossible with asyncio.Queue; re-queue it.
                 self.put(logical, record)
                 raise
+            self._inflight[future] = (logical, record)
+            future.add_done_callback(partial(self._delivered, self._generation, logical, record))
             self.queue.task_done()
