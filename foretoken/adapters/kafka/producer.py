@@ -97,9 +97,17 @@ class RecordProducer:
         """A new producer (a new producer id) in place of this one. After a record failed, an
         idempotent aiokafka producer refuses every later record of that partition
         (OutOfOrderSequenceNumber); a new one starts clean. The old one is stopped after the
-        new one runs (what it still held completes or fails through its futures)."""
-        old, self._producer = self._producer, self._new()
-        await self._producer.start()
+        new one runs (what it still held completes or fails through its futures); a new one
+        that cannot start (the broker is down) is stopped and the old one kept, to be
+        replaced at the next failure (a failed start used to leave both open)."""
+        new = self._new()
+        try:
+            await new.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await new.stop()
+            raise
+        old, self._producer = self._producer, new
         self.restarts += 1
         # what went wrong with the records it still held is in their futures
         with contextlib.suppress(Exception):
