@@ -295,6 +295,7 @@ async def healthz(request: web.Request) -> web.Response:
         "failed_sends": state.publisher.failed_sends,
         "missing_topics": state.publisher.missing_topics,
         "route_services": state.routing.client.describe(),
+        "engines_down": state.routing.engines_down(),
     })  # fmt: skip
 
 

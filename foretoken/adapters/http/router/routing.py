@@ -261,6 +261,11 @@ class Routing:
         """``worker`` did not answer (refused, or silent for the engine timeout)."""
         self.down_until[worker] = time.monotonic() + self.settings.router.engine_down_s
 
+    def engines_down(self) -> dict[str, float]:
+        """The engines held out now (not answering): seconds until each is tried again."""
+        now = time.monotonic()
+        return {w: round(until - now, 3) for w, until in self.down_until.items() if until > now}
+
     def is_down(self, worker: str | None) -> bool:
         until = self.down_until.get(worker) if worker is not None else None
         return until is not None and time.monotonic() < until

@@ -84,6 +84,8 @@ def test_a_grant_for_an_engine_that_just_failed_goes_to_another() -> None:
     """The route service does not know yet that an engine stopped answering (a dead engine
     looks idle): the router replaces its grant for it by the fallback's among the others."""
 
+    down: dict[str, float] = {}
+
     async def run() -> tuple[Grant, Grant, dict[str, int]]:
         async def route(request: web.Request) -> web.Response:
             p = _placement("m")
@@ -97,10 +99,13 @@ def test_a_grant_for_an_engine_that_just_failed_goes_to_another() -> None:
                    for i, w in enumerate(("w0", "w1"))}  # fmt: skip
         async with _routing(route, engines) as routing:
             before, _ = await routing.decide(_placement("m"))
+            assert routing.engines_down() == {}
             routing.unreachable("w0")
+            down.update(routing.engines_down())  # what the router's /healthz lists
             after, _ = await routing.decide(_placement("m"))
         return before, after, routing.fallbacks
 
     before, after, fallbacks = asyncio.run(run())
     assert before.worker_id == "w0" and not before.fallback
     assert after.worker_id == "w1" and after.fallback and fallbacks == {"engine_down": 1}
+    assert list(down) == ["w0"] and 0 < down["w0"] <= load_settings().router.engine_down_s
