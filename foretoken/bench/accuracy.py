@@ -23,7 +23,8 @@ fits start from an offline profile (``predictor_profiled``) and the baselines of
 :mod:`foretoken.bench.baselines` (``mooncake``, ``linear_rate``, ``request_count``)
 predict. The offline profile is a separate round-robin replay of cold prompts with the
 workload's lengths (another seed for a generated one, the trace's last requests for a
-shipped one), one at a time per worker.
+shipped one, the requests after the cell's for a file — read no further: a week-long
+public trace is not loaded whole for a 50-request cell), one at a time per worker.
 
 With ``routing`` set to a baseline routing policy (:func:`foretoken.sim.policy.make_policy`,
 e.g. ``least-outstanding-tokens`` or ``cache-aware``), that policy routes instead, and the
@@ -162,13 +163,16 @@ def calibrate(trace: list[TraceRequest], fleet: FleetSpec, steps: int) -> dict[s
     return {"fraction_of_no_reuse": low, "probes": probes}
 
 
-def profile_lengths(name: str, n: int, fleet: FleetSpec, seed: int) -> list[int]:
-    """Prompt lengths for the offline profile (module doc)."""
+def profile_lengths(name: str, n: int, fleet: FleetSpec, seed: int,
+                    limit: int | None = None) -> list[int]:  # fmt: skip
+    """Prompt lengths for the offline profile (module doc); ``limit``: the cells' requests
+    (a file is read up to ``limit + n`` requests)."""
     if name in WORKLOADS:
         rows = WORKLOADS[name](int(n * GENERATED_EXTRA) + 16, seed + PROFILE_SEED_OFFSET,
                                workload_scale(fleet))  # fmt: skip
         return [r.prompt_tokens for r in rows if fits_everywhere(r, fleet)][:n]
-    rows = [r for r in _raw_workload(name, None, fleet, seed) if fits_everywhere(r, fleet)]
+    upto = None if name in TRACE_LOADERS or limit is None else limit + n
+    rows = [r for r in _raw_workload(name, upto, fleet, seed) if fits_everywhere(r, fleet)]
     return [r.prompt_tokens for r in rows[-n:]]
 
 
@@ -208,7 +212,7 @@ def prepare(trace: str, fleet: str, limit: int | None, seed: int, *, calibration
     spec = get_fleet(fleet)
     requests, refused = load_workload(trace, limit, spec, seed, max_tokens)
     cal = calibrate(requests, spec, calibration_steps)
-    prof = profile(profile_lengths(trace, profile_requests, spec, seed), spec)
+    prof = profile(profile_lengths(trace, profile_requests, spec, seed, limit), spec)
     return Prepared(trace, fleet, limit, seed, cal["fraction_of_no_reuse"], prof["fits"],
                     prof["replica_fits"], refused, len(requests),
                     round(time.perf_counter() - started, 1), max_tokens)  # fmt: skip

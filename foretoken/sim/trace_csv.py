@@ -6,11 +6,13 @@ under other names — BurstGPT (``Timestamp`` in seconds, ``Request tokens``, ``
 tokens``), exports with ``timestamp`` / ``input_length`` / ``output_length`` or
 ``prompt_tokens`` / ``completion_tokens``. Columns are matched by name, case and spaces
 aside; a timestamp is a date-time string (Azure's exact format first, then any ISO-8601
-form, with or without a zone) or a number of seconds (``…_ms`` columns: milliseconds).
-A row whose prompt or output is below one token is a request that never produced a first
-token (BurstGPT logs failures with 0 response tokens): it is left out, and counted. An
-empty cell, and anything else that cannot be read, is a :class:`TraceFormatError` naming
-the file and line.
+form, with or without a zone) or a number of seconds (``…_ms`` columns: milliseconds),
+relative or since the epoch. A row whose prompt or output is 0 tokens is a request that
+never produced a first token (BurstGPT logs failures with 0 response tokens): it is left
+out, and counted; blank lines are skipped. An empty cell, a negative or fractional token
+count, and anything else that cannot be read, is a one-line :class:`TraceFormatError`
+naming the file and line. Every cell is read as text and converted here, so a column whose
+form changes deep in a file (``12`` for 10,000 rows, then ``12.5``) is read all the same.
 
 Pure: polars and numpy.
 """
@@ -29,6 +31,7 @@ from foretoken.core.checks import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS
 AZURE_TIMESTAMP_FORMAT: Final = "%Y-%m-%d %H:%M:%S%.f"
 MAX_SPAN_S: Final = 86_400.0 * 366  # a trace longer than a year is a unit mistake
 NS_PER_S: Final = 1e9
+LINE: Final = "__foretoken_line__"  # a row's line in the file (the header is line 1)
 # Accepted names (lower case, spaces and dashes as underscores), best first.
 TIME_COLUMNS: Final = ("timestamp", "arrival_time", "arrival_s", "time", "timestamp_ms",
                        "arrival_time_ms", "created_at")  # fmt: skip
@@ -63,20 +66,52 @@ def _column(frame: pl.DataFrame, wanted: tuple[str, ...], what: str, source: Pat
     for name in wanted:
         if name in by_norm:
             return by_norm[name]
-    raise TraceFormatError(
-        f"{source}: no {what} column (one of {', '.join(wanted)}; found {frame.columns})"
-    )
+    found = [c for c in frame.columns if c != LINE]
+    raise TraceFormatError(f"{source}: no {what} column (one of {', '.join(wanted)}; "
+                           f"found {found})")  # fmt: skip
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message on one line (polars explains itself over several)."""
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+
+
+def _read(source: Path, n_rows: int | None) -> tuple[pl.DataFrame, int]:
+    """The first ``n_rows`` rows, every cell as text, blank lines dropped; and how many
+    rows the file gave (blank ones too: fewer than ``n_rows`` means its end)."""
+    try:  # glob=False: a path is one file ('*' or '[1]' in a name is not a pattern)
+        frame = pl.read_csv(source, n_rows=n_rows, infer_schema=False, glob=False,
+                            row_index_name=LINE, row_index_offset=2)  # fmt: skip
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise TraceFormatError(f"{source}: {_first_line(exc)}") from exc
+    cells = [c for c in frame.columns if c != LINE]
+    blank = pl.all_horizontal([pl.col(c).is_null() for c in cells]) if cells else pl.lit(False)
+    return frame.filter(~blank), frame.height
+
+
+def _numbers(frame: pl.DataFrame, column: str, source: Path) -> np.ndarray:
+    """A column as float64; an empty or unreadable cell is an error naming its line."""
+    text = frame[column].str.strip_chars()
+    missing = text.is_null()
+    if missing.any():  # an empty cell (was: "cannot convert float NaN to integer")
+        line = int(frame[LINE][int(missing.arg_true()[0])])
+        raise TraceFormatError(f"{source}:{line}: an empty {column} cell")
+    values = text.cast(pl.Float64, strict=False)
+    bad = values.is_null()
+    if bad.any():
+        i = int(bad.arg_true()[0])
+        raise TraceFormatError(f"{source}:{int(frame[LINE][i])}: {column} {text[i]!r} is not "
+                               "a number")  # fmt: skip
+    return values.to_numpy()
 
 
 def _seconds(frame: pl.DataFrame, column: str, source: Path) -> np.ndarray:
     """Trace seconds of every row (absolute or relative: only differences are used)."""
-    series = frame[column]
-    if series.dtype.is_numeric():
+    text = frame[column].str.strip_chars()
+    numeric = text.cast(pl.Float64, strict=False)
+    if numeric.null_count() == text.null_count():  # every cell a number of seconds
         scale = 1e-3 if _norm(column).endswith("_ms") else 1.0
-        return series.cast(pl.Float64).to_numpy() * scale
-    if series.dtype != pl.String:
-        series = series.cast(pl.String)
-    text = series.str.strip_chars()
+        return numeric.to_numpy() * scale
     parsed = text.str.to_datetime(AZURE_TIMESTAMP_FORMAT, time_unit="ns", strict=False)
     if parsed.null_count() > text.null_count():  # another form: ISO-8601, maybe zoned
         try:
@@ -85,48 +120,73 @@ def _seconds(frame: pl.DataFrame, column: str, source: Path) -> np.ndarray:
             parsed = text.str.to_datetime(time_unit="ns", strict=False)
     bad = parsed.is_null() & text.is_not_null()
     if bad.any():
-        line = int(bad.arg_true()[0]) + 2  # the header is line 1
-        raise TraceFormatError(f"{source}:{line}: {column} {text[line - 2]!r} is not a time")
+        i = int(bad.arg_true()[0])
+        raise TraceFormatError(f"{source}:{int(frame[LINE][i])}: {column} {text[i]!r} is not "
+                               "a time")  # fmt: skip
     ns = parsed.dt.epoch("ns").to_numpy()
     return (ns - ns.min()) / NS_PER_S  # relative first: float64 cannot hold epoch ns
 
 
+def _requests(frame: pl.DataFrame, prompt_col: str, output_col: str) -> pl.Series:
+    """Rows that may be requests: not a failure logged with 0 tokens (an unreadable cell
+    counts as a request, so that reading it reports it)."""
+    prompt, output = (frame[c].str.strip_chars().cast(pl.Float64, strict=False)
+                      for c in (prompt_col, output_col))  # fmt: skip
+    return ~((prompt == 0) | (output == 0)).fill_null(False)
+
+
+def _rows_for(source: Path, limit: int | None, prompt_col: str, output_col: str) -> pl.DataFrame:
+    """The file's rows up to its ``limit``-th request (every row without a limit): rows
+    logged without a first token do not count, so the file is read on until enough."""
+    n_rows = limit
+    while True:
+        frame, height = _read(source, n_rows)
+        if limit is None or not frame.height:
+            return frame
+        counted = _requests(frame, prompt_col, output_col).cum_sum()
+        if int(counted[-1]) >= limit:
+            return frame.head(int((counted >= limit).arg_true()[0]) + 1)
+        if n_rows is None or height < n_rows:  # the whole file: fewer requests than asked
+            return frame
+        n_rows *= 2
+
+
 def read_csv_trace(source: Path, limit: int | None = None) -> CsvTrace:
     """The requests of a CSV trace (module doc), sorted by arrival; ``limit`` keeps the
-    first N rows of the file."""
+    first N requests of the file (rows without a first token are left out, not counted)."""
     if source.is_dir():
         raise TraceFormatError(f"{source}: is a directory, not a trace file")
-    try:  # glob=False: a path is one file ('*' or '[1]' in a name is not a pattern)
-        frame = pl.read_csv(source, n_rows=limit, infer_schema_length=10_000, glob=False)
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        raise TraceFormatError(f"{source}: {exc}") from exc
-    time_col = _column(frame, TIME_COLUMNS, "arrival time", source)
+    header, _ = _read(source, 0)
+    time_col = _column(header, TIME_COLUMNS, "arrival time", source)
+    prompt_col = _column(header, PROMPT_COLUMNS, "prompt tokens", source)
+    output_col = _column(header, OUTPUT_COLUMNS, "output tokens", source)
+    frame = _rows_for(source, limit, prompt_col, output_col)
     if frame.height == 0:
         return CsvTrace(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), 0)
-    prompt_col = _column(frame, PROMPT_COLUMNS, "prompt tokens", source)
-    output_col = _column(frame, OUTPUT_COLUMNS, "output tokens", source)
-    for column in (time_col, prompt_col, output_col):
-        missing = frame[column].is_null()
-        if missing.any():  # an empty cell (was: "cannot convert float NaN to integer")
-            line = int(missing.arg_true()[0]) + 2  # the header is line 1
-            raise TraceFormatError(f"{source}:{line}: an empty {column} cell")
-    lengths = {}
-    for what, column in (("prompt", prompt_col), ("output", output_col)):
-        try:
-            lengths[what] = frame[column].cast(pl.Float64).to_numpy()
-        except pl.exceptions.PolarsError as exc:
-            raise TraceFormatError(f"{source}: {column} must be numbers: {exc}") from exc
+    missing = frame[time_col].is_null()
+    if missing.any():
+        line = int(frame[LINE][int(missing.arg_true()[0])])
+        raise TraceFormatError(f"{source}:{line}: an empty {time_col} cell")
+    prompts = _numbers(frame, prompt_col, source)
+    outputs = _numbers(frame, output_col, source)
     stamps = _seconds(frame, time_col, source)
-    prompts, outputs = lengths["prompt"], lengths["output"]
-    for column, values, top in ((time_col, stamps, MAX_SPAN_S),
-                                (prompt_col, prompts, MAX_PROMPT_TOKENS),
+    lines = frame[LINE].to_numpy()
+    for column, values, top in ((prompt_col, prompts, MAX_PROMPT_TOKENS),
                                 (output_col, outputs, MAX_OUTPUT_TOKENS)):  # fmt: skip
-        bad = ~np.isfinite(values) | (np.abs(values) > top)
+        bad = ~np.isfinite(values)
+        bad |= (np.abs(values) > top) | (values < 0) | (values != np.round(values))
         if bad.any():
-            line = int(np.argmax(bad)) + 2
-            raise TraceFormatError(f"{source}:{line}: {column} {float(values[line - 2])} is not "
-                                   f"finite or past {top:g}")  # fmt: skip
-    if float(stamps.max() - stamps.min()) > MAX_SPAN_S:
+            i = int(np.argmax(bad))
+            what = "finite" if not np.isfinite(values[i]) else "a whole number of tokens"
+            raise TraceFormatError(f"{source}:{int(lines[i])}: {column} {values[i]:g} is not "
+                                   f"{what} from 0 to {int(top)}")  # fmt: skip
+    bad = ~np.isfinite(stamps)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise TraceFormatError(f"{source}:{int(lines[i])}: {time_col} {float(stamps[i])} is "
+                               "not finite")  # fmt: skip
+    stamps = stamps - stamps.min()  # epoch or trace seconds: only differences are used
+    if float(stamps.max()) > MAX_SPAN_S:
         raise TraceFormatError(f"{source}: its times span more than {MAX_SPAN_S:g} s")
     keep = (prompts >= 1) & (outputs >= 1)
     order = np.argsort(stamps[keep], kind="stable")

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
-from foretoken.bench.accuracy import POLICIES, SCHEMA, fits_everywhere, get_fleet, load_workload
+from foretoken.bench import accuracy
+from foretoken.bench.accuracy import (
+    POLICIES,
+    SCHEMA,
+    fits_everywhere,
+    get_fleet,
+    load_workload,
+    profile_lengths,
+)
 from foretoken.bench.accuracy_matrix import Sizes, run_grid, table
 from foretoken.bench.predict_bench import BASELINES
 from foretoken.sim.predictor_policy import PredictorPolicy
+from foretoken.sim.traces import TraceRequest
 
 ROW_KEYS = {"trace", "fleet", "load", "policy", "routing", "within_1s", "within_10s",
             "abs_error_p50_s", "abs_error_p95_s", "abs_error_p99_s", "under_5s", "under_10s",
@@ -93,3 +104,23 @@ def test_with_a_baseline_routing_the_predictor_is_graded_on_requests_it_did_not_
         assert (
             shifted[(name, "least-outstanding-tokens")] == plain[(name, "least-outstanding-tokens")]
         )
+
+
+def test_a_file_is_read_only_as_far_as_the_cells_and_profile_need(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--limit 50 on a week-long public trace read the whole file (27 M rows) for the
+    offline profile; the profile now takes the requests after the cells'."""
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp,input_length,output_length\n"
+                    + "".join(f"{i},{100 + i},5\n" for i in range(1000)))  # fmt: skip
+    asked: list[int | None] = []
+    real = accuracy.load_azure
+
+    def spy(source: object, **kw: Any) -> list[TraceRequest]:
+        asked.append(kw.get("limit"))
+        return real(source, **kw)
+
+    monkeypatch.setattr(accuracy, "load_azure", spy)
+    lengths = profile_lengths(str(path), 24, get_fleet("small"), 0, limit=40)
+    assert asked == [64] and lengths == [100 + i for i in range(40, 64)]

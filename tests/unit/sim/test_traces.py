@@ -466,3 +466,67 @@ def test_csv_paths_are_files_not_patterns(tmp_path: Path) -> None:
     assert len(load_azure(path, sharing=SharingModel.none())) == 3
     with pytest.raises(TraceFormatError, match="directory"):
         load_azure(tmp_path)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("timestamp,input_length,output_length\n1715299200.25,100,10\n1715299201.75,200,20\n",
+     [0.0, 1.5]),  # epoch seconds (was: "1715299200.25 is not finite or past 3.16224e+07")
+    ("timestamp_ms,prompt_tokens,completion_tokens\n1715299200250,100,10\n1715299201750,200,20\n",
+     [0.0, 1.5]),
+])  # fmt: skip
+def test_epoch_csv_times_are_read_from_the_first(
+    tmp_path: Path, text: str, expected: list[float]
+) -> None:
+    path = tmp_path / "epoch.csv"
+    path.write_text(text)
+    got = load_azure(path, sharing=SharingModel.none())
+    assert [r.arrival_s for r in got] == pytest.approx(expected)
+
+
+def test_blank_lines_in_a_csv_are_skipped(tmp_path: Path) -> None:
+    """Was: "an empty TIMESTAMP cell" for a blank line (a trailing CRLF CRLF, a gap)."""
+    path = tmp_path / "blank.csv"
+    path.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+                     b"2023-11-16 18:15:46.6805900,374,44\r\n\r\n"
+                     b"2023-11-16 18:15:50.9951690,396,109\r\n\r\n")  # fmt: skip
+    got = load_azure(path, sharing=SharingModel.none())
+    assert [(round(r.arrival_s, 4), r.prompt_tokens) for r in got] == [(0.0, 374), (4.3146, 396)]
+
+
+def test_a_csv_column_whose_form_changes_late_is_read(tmp_path: Path) -> None:
+    """Integer seconds for 10,000 rows, then a fraction: was polars' multi-line schema
+    error (it guessed the column's type from the first 10,000 rows)."""
+    path = tmp_path / "late.csv"
+    rows = [f"{i if i < 10_002 else i + 0.5},ChatGPT,100,10,110,API log" for i in range(10_004)]
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    + "\n".join(rows) + "\n")  # fmt: skip
+    got = load_azure(path, sharing=SharingModel.none())
+    assert len(got) == 10_004 and got[-1].arrival_s == pytest.approx(10_003.5)
+
+
+@pytest.mark.parametrize(("cells", "match"), [
+    ("10.7,3", r"t\.csv:3: ContextTokens 10\.7 is not a whole number"),  # was: 10 tokens
+    ("-10,3", r"t\.csv:3: ContextTokens -10 is not a whole number"),  # was: left out
+    ("n/a,3", r"t\.csv:3: ContextTokens 'n/a' is not a number"),
+    ("10,3,extra", r"t\.csv: found more fields"),  # was several lines of polars advice
+])  # fmt: skip
+def test_bad_csv_cells_are_one_line_errors_naming_the_line(
+    tmp_path: Path, cells: str, match: str
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,"
+                    f"374,44\n2023-11-16 18:15:47.0,{cells}\n")  # fmt: skip
+    with pytest.raises(TraceFormatError, match=match) as info:
+        load_azure(path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_csv_limit_counts_requests_not_failed_rows(tmp_path: Path) -> None:
+    """BurstGPT logs failures with 0 tokens: --limit 3 was 1 request for this file."""
+    path = tmp_path / "burst.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "5,ChatGPT,472,18,490,Conversation log\n6,ChatGPT,0,0,0,API log\n"
+                    "7,ChatGPT,10,0,10,API log\n8,GPT-4,417,464,881,Conversation log\n"
+                    "9,GPT-4,300,40,340,API log\n10,GPT-4,30,4,34,API log\n")  # fmt: skip
+    got = load_azure(path, limit=3, sharing=SharingModel.none())
+    assert [(r.arrival_s, r.prompt_tokens) for r in got] == [(0.0, 472), (3.0, 417), (4.0, 300)]
