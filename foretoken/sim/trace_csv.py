@@ -34,12 +34,14 @@ NS_PER_S: Final = 1e9
 LINE: Final = "__foretoken_line__"  # a row's line in the file (the header is line 1)
 # Accepted names (lower case, spaces and dashes as underscores), best first.
 TIME_COLUMNS: Final = ("timestamp", "arrival_time", "arrival_s", "time", "timestamp_ms",
-                       "arrival_time_ms", "created_at")  # fmt: skip
+                       "arrival_time_ms", "created_at", "arrival_timestamp")  # fmt: skip
+# (arrival_timestamp, prompt_size, token_size: Splitwise's simulator traces)
 PROMPT_COLUMNS: Final = ("contexttokens", "context_tokens", "request_tokens", "input_length",
-                         "input_tokens", "prompt_tokens", "prompt_length", "isl")  # fmt: skip
+                         "input_tokens", "prompt_tokens", "prompt_length", "isl",
+                         "prompt_size")  # fmt: skip
 OUTPUT_COLUMNS: Final = ("generatedtokens", "generated_tokens", "response_tokens",
                          "output_length", "output_tokens", "completion_tokens",
-                         "output_len", "osl")  # fmt: skip
+                         "output_len", "osl", "token_size")  # fmt: skip
 
 
 class TraceFormatError(ValueError):

@@ -530,3 +530,14 @@ def test_a_csv_limit_counts_requests_not_failed_rows(tmp_path: Path) -> None:
                     "9,GPT-4,300,40,340,API log\n10,GPT-4,30,4,34,API log\n")  # fmt: skip
     got = load_azure(path, limit=3, sharing=SharingModel.none())
     assert [(r.arrival_s, r.prompt_tokens) for r in got] == [(0.0, 472), (3.0, 417), (4.0, 300)]
+
+
+def test_a_splitwise_simulator_trace_is_read(tmp_path: Path) -> None:
+    """Splitwise's simulator traces name their columns arrival_timestamp, prompt_size and
+    token_size (were refused: no arrival time column)."""
+    path = tmp_path / "splitwise.csv"
+    header = "request_id,request_type,application_id,arrival_timestamp,batch_size,prompt_size"
+    path.write_text(header + ",token_size\n0,2,0,0.5,1,1020,32\n1,2,0,1.25,1,355,9\n")
+    got = load_azure(path, sharing=SharingModel.none())
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in got] == [
+        (0.0, 1020, 32), (0.75, 355, 9)]  # fmt: skip
