@@ -119,6 +119,8 @@ class KvEmitter:
     async def _send(
         self, logical: str, value: bytes, key: bytes, worker: str, dead: bool = False
     ) -> bool:
+        health = self.health_of(worker)
+        health.send_waiting_since = time.monotonic()  # /healthz: kafka_send_wait_s
         try:
             if self.restart_needed:
                 await self._restart()
@@ -126,6 +128,8 @@ class KvEmitter:
         except Exception as exc:  # aiokafka refused it at once: never end a listener for it
             self._failed(logical, worker, f"{type(exc).__name__}: {exc}", value, dead)
             return False
+        finally:
+            health.send_waiting_since = None
         future.add_done_callback(lambda f: self._delivered(f, logical, worker, value, dead))
         return True
 

@@ -91,6 +91,10 @@ class EngineHealth:
     other_components: int = 0
     disconnects: int = 0
     resubscribes: int = 0
+    # since when a record of this engine waits for the producer to take it (monotonic; a
+    # broker that is down holds a send up to the client's request timeout, and the
+    # listener with it)
+    send_waiting_since: float | None = None
 
     def batch_out(self, events: int) -> None:
         self.batches += 1
@@ -103,10 +107,17 @@ class EngineHealth:
             return None
         return (time.monotonic() if now_s is None else now_s) - self.last_batch_s
 
+    def send_wait_s(self, now_s: float | None = None) -> float:
+        """How long the record being sent has waited for the producer (0: none waits)."""
+        since = self.send_waiting_since
+        return 0.0 if since is None else (time.monotonic() if now_s is None else now_s) - since
+
     def describe(self) -> dict[str, object]:
         out = asdict(self)
         out.pop("started_s")
         out.pop("last_batch_s")
+        out.pop("send_waiting_since")
+        out["kafka_send_wait_s"] = round(self.send_wait_s(), 3)
         age = self.last_batch_age_s()
         out["last_batch_age_s"] = None if age is None else round(age, 3)
         out["uptime_s"] = round(time.monotonic() - self.started_s, 3)
@@ -162,13 +173,19 @@ class _Collector:
             "Seconds since the engine's last batch was produced (absent before the first).",
             labels=["worker"],
         )
+        waiting = GaugeMetricFamily(
+            "foretoken_ingest_kafka_send_wait_seconds",
+            "Seconds the record being sent has waited for the Kafka producer (0: none).",
+            labels=["worker"],
+        )
         for worker, e in engines:
             listening.add_metric([worker], float(e.listening))
             connected.add_metric([worker], float(e.connected))
+            waiting.add_metric([worker], e.send_wait_s())
             seconds = e.last_batch_age_s()
             if seconds is not None:
                 age.add_metric([worker], seconds)
-        yield from (listening, connected, age)
+        yield from (listening, connected, age, waiting)
 
 
 def health_app(health: IngestHealth) -> web.Application:
