@@ -376,6 +376,46 @@ def test_store_only_capacity_trims_the_least_recently_used() -> None:
     assert hits == [2, 0, 2]
 
 
+def test_a_refresh_is_not_replayed_after_the_worker_is_registered_again() -> None:
+    """A lookup refreshes the store-only blocks it matched when it is made; a worker
+    registered with events and then again without (its LRU rebuilt, its blocks the oldest)
+    does not get that refresh back."""
+    index = fresh("a", store_only_ttl_s=10.0, capacity_blocks=100)
+    prompt = toks(4)
+    index.observe_served(WorkerId("a"), index.hash_prompt(M, BS, prompt), 0.0)
+    index.lookup(M, prompt, now_s=9.0)
+    index.register_worker(WorkerId("a"), M, BS)
+    index.register_worker(WorkerId("a"), M, BS, store_only_ttl_s=10.0, capacity_blocks=100)
+    assert index.maintain(12.0).expired_blocks == 4
+    assert index.lookup(M, prompt)[WorkerId("a")].tokens == 0
+
+
+@pytest.mark.parametrize(
+    "dtype", ["<u4", "<i4", "<i8", "<u8", "<u2", "<i2", "u1", "i1", ">u4", ">i8"]
+)
+def test_token_ids_in_any_integer_array_hash_as_their_values(dtype: str) -> None:
+    index = fresh("a")
+    prompt = toks(3)  # ids 100..105: every dtype holds them
+    index.apply(batch("a", stored([1, 2, 3], prompt)), 0.0)
+    ids = np.array(prompt, dtype=dtype)
+    own = index.hash_prompt(M, BS, prompt)
+    assert index.hash_prompt(M, BS, ids).tolist() == own.tolist()
+    assert index.lookup(M, ids)[WorkerId("a")].tokens == 6
+    for hashes in (own.astype(">u8"), own.astype(np.int64), own.tolist()):
+        assert index.lookup(M, own_hashes={BS: hashes})[WorkerId("a")].tokens == 6
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_hash_prompt_rejects_bad_block_sizes(bad: int) -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        new_index().hash_prompt(M, bad, toks(2))
+
+
+def test_packed_token_ids_are_whole_u32s() -> None:
+    with pytest.raises(ValueError, match="multiple of 4"):
+        fresh("a").lookup(M, b"\x01\x00\x00\x00\x02")
+
+
 def test_reset_forgets_and_flags_the_worker_until_it_clears() -> None:
     index = fresh("a", "b")
     prompt = toks(2)

@@ -64,7 +64,13 @@ def extra_key_mix(key: str) -> int:
 def packed(token_ids: Sequence[int] | np.ndarray | bytes) -> bytes:
     """Token ids as u32 little-endian bytes (bytes are taken as already packed)."""
     if isinstance(token_ids, bytes | bytearray | memoryview):
-        return bytes(token_ids)
+        data = bytes(token_ids)
+        if len(data) % 4:
+            raise ValueError(
+                "packed token ids must be u32 little-endian (a multiple of 4 bytes), "
+                f"got {len(data)} bytes"
+            )
+        return data
     if isinstance(token_ids, np.ndarray):
         if token_ids.dtype != np.uint32 and (
             token_ids.dtype.kind not in "ui"

@@ -22,11 +22,12 @@ sequence of ints; block hashes come from the wire records as they are.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, TypeVar
 
 import foretoken_native as _native
 import numpy as np
 
+from foretoken.core.index import content_hash
 from foretoken.core.index.protocol import IndexBackend
 from foretoken.core.index.recent import RecentPolicy
 from foretoken.core.index.state import ApplyStats, CacheHit
@@ -43,14 +44,31 @@ if tuple(_native.APPLY_STATS_FIELDS) != ApplyStats.__struct_fields__:
 _U32_LE = np.dtype("<u4")
 
 
+_H = TypeVar("_H")
+# Own hashes the crate reads as they are (8-byte little-endian integers).
+_U64_AS_IS = (np.dtype("<u8"), np.dtype("<i8"))
+
+
 def _tokens(token_ids: object) -> object:
-    if (
-        type(token_ids) is np.ndarray
-        and token_ids.dtype == _U32_LE
-        and token_ids.flags.c_contiguous
-    ):
-        return token_ids.tobytes()
+    if isinstance(token_ids, np.ndarray):
+        if token_ids.dtype == _U32_LE and token_ids.flags.c_contiguous:
+            return token_ids.tobytes()
+        # Any other array is converted as the reference converts it (the crate would read a
+        # uint8 array as packed bytes, a big-endian one unswapped, and refuse 16-bit ids).
+        return content_hash.packed(token_ids)
     return token_ids
+
+
+def _hashes(values: _H) -> _H | np.ndarray:
+    """Own hashes as the reference reads them (``astype(uint64)``) when the crate would not."""
+    if isinstance(values, np.ndarray) and values.dtype not in _U64_AS_IS:
+        return values.astype(np.uint64)
+    return values
+
+
+def _check_block_size(block_size: int) -> None:
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
 
 
 # Equal hits are shared (CacheHit is frozen): building a dataclass costs more than a lookup.
@@ -114,7 +132,7 @@ class NativeIndex:
         return ApplyStats(*self._core.apply(batch, now_s))
 
     def observe_served(self, worker_id: WorkerId, own_hashes: Sequence[int], now_s: float) -> int:
-        result: int = self._core.observe_served(worker_id, own_hashes, now_s)
+        result: int = self._core.observe_served(worker_id, _hashes(own_hashes), now_s)
         return result
 
     def age(self, now_s: float) -> None:
@@ -134,6 +152,7 @@ class NativeIndex:
         lora_name: str | None = None,
         extra_keys: Sequence[str] = (),
     ) -> np.ndarray:
+        _check_block_size(block_size)
         owns: np.ndarray = self._core.hash_prompt(
             model, block_size, _tokens(token_ids), lora_name=lora_name,
             extra_keys=extra_keys or None,
@@ -150,6 +169,10 @@ class NativeIndex:
         extra_keys: Sequence[str] = (),
         now_s: float | None = None,
     ) -> dict[WorkerId, CacheHit]:
+        if own_hashes is not None and any(
+            isinstance(v, np.ndarray) and v.dtype not in _U64_AS_IS for v in own_hashes.values()
+        ):
+            own_hashes = {size: _hashes(v) for size, v in own_hashes.items()}
         found = self._core.lookup(
             model,
             _tokens(token_ids),

@@ -98,6 +98,9 @@ class PrefixIndex:
             raise ValueError("store_only_ttl_s must be > 0")
         if capacity_blocks is not None and capacity_blocks < 1:
             raise ValueError("capacity_blocks must be >= 1")
+        # Lookups' pending refreshes belong to the LRU they were made against: apply them
+        # before a registration may drop or rebuild it (the native backend refreshes at once).
+        self._apply_touches()
         old = self._workers.get(worker_id)
         if old is not None and (old.model != model or old.block_size != block_size):
             self.remove_worker(worker_id)
@@ -230,6 +233,8 @@ class PrefixIndex:
         extra_keys: Sequence[str] = (),
     ) -> np.ndarray:
         """Own hashes (uint64) of the prompt's full blocks in the (model, block size) space."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         seed = content_hash.root_seed(self._salt, model, block_size, lora_name)
         owns = content_hash.chain(seed, token_ids, block_size, extra_keys)
         return np.array(owns, dtype=np.uint64)
