@@ -103,10 +103,11 @@ class Publisher:
                 self.failed_sends += 1
                 self.put(logical, record)
 
-    def _delivered(self, generation: int, logical: str, record: Record,
-                   future: asyncio.Future[object]) -> None:  # fmt: skip
-        if self._inflight.pop(future, None) is None:
+    def _delivered(self, generation: int, future: asyncio.Future[object]) -> None:
+        held = self._inflight.pop(future, None)
+        if held is None:
             return  # already re-queued
+        logical, record = held
         exc = None if future.cancelled() else future.exception()
         if not future.cancelled() and exc is None:
             self.published += 1
@@ -175,5 +176,5 @@ class Publisher:
                 self.put(logical, record)
                 raise
             self._inflight[future] = (logical, record)
-            future.add_done_callback(partial(self._delivered, self._generation, logical, record))
+            future.add_done_callback(partial(self._delivered, self._generation))
             self.queue.task_done()
